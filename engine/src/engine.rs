@@ -1,0 +1,732 @@
+//! The engine core: a synchronous, deterministic state machine.
+//!
+//! `add_request` -> `step()` (schedule, compute, sample, finish) repeated until `has_unfinished()`
+//! is false; `abort` at any point; `sleep`/`wake` between batches; `stats()` and `check_idle()` for
+//! the harness. It owns no thread, clock or global RNG: every random draw comes from a sequence's
+//! RNG seeded from its request's seed, and every container is ordered.
+
+use rand_chacha::ChaCha8Rng;
+
+use crate::block_pool::PoolCounts;
+use crate::error::{EngineError, Result};
+use crate::inject::{Injection, Injections};
+use crate::kv_manager::{KvManager, SeqId};
+use crate::model::backend::{Backend, ForwardBatch, SeqChunk};
+use crate::model::config::ModelConfig;
+use crate::model::cpu::CpuBackend;
+use crate::model::weights::WeightSource;
+use crate::registry::{Metric, MetricKind, Registries, TrackedMap, TrackedQueue};
+use crate::request::{FinishReason, Request, RequestId, RequestOutput, SamplingParams, SeqOutput};
+use crate::sampler;
+use crate::tokenizer::EOS;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    pub model: WeightSource,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Blocks in the KV pool.
+    pub num_kv_blocks: usize,
+    /// Sequences running at once.
+    pub max_num_seqs: usize,
+    /// Tokens computed per step (prefill chunks and decodes together).
+    pub max_num_batched_tokens: usize,
+    /// Prompt plus output length limit; None takes the model's.
+    pub max_model_len: Option<usize>,
+    pub enable_prefix_caching: bool,
+    /// Seeds requests that carry no seed of their own.
+    pub seed: u64,
+    pub injections: Injections,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            model: WeightSource::Preset {
+                name: "tiny".into(),
+                seed: 0,
+            },
+            block_size: 16,
+            num_kv_blocks: 512,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            max_model_len: None,
+            enable_prefix_caching: true,
+            seed: 0,
+            injections: Injections::none(),
+        }
+    }
+}
+
+/// What `abort` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortOutcome {
+    /// The request was in flight; its output (finish reason aborted) comes out of the next step.
+    Aborted,
+    /// No request in flight has that id: nothing was done.
+    Unknown,
+}
+
+#[derive(Debug)]
+pub(crate) struct Seq {
+    pub request: RequestId,
+    pub index: u32,
+    /// Prompt followed by the generated tokens.
+    pub tokens: Vec<u32>,
+    pub num_prompt: usize,
+    /// Tokens whose KV is in the sequence's blocks.
+    pub num_computed: usize,
+    pub rng: ChaCha8Rng,
+    pub finished: Option<FinishReason>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ReqState {
+    pub params: SamplingParams,
+    pub seed: u64,
+    pub prompt: Vec<u32>,
+    /// Sequence ids; one until the prompt is prefilled, then n.
+    pub seqs: Vec<SeqId>,
+    pub forked: bool,
+    pub cached_prompt_tokens: u32,
+    pub error: Option<String>,
+}
+
+/// Monotonic counts, reported as `engine.*` counters.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Counters {
+    pub steps: u64,
+    pub requests_added: u64,
+    pub requests_finished: u64,
+    pub requests_aborted: u64,
+    pub requests_failed: u64,
+    pub prompt_tokens_computed: u64,
+    pub prefix_cache_hit_tokens: u64,
+    pub tokens_generated: u64,
+    pub preemptions: u64,
+    pub block_copies: u64,
+}
+
+/// A report of everything that is not idle when it should be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdleViolation {
+    pub metric: String,
+    pub value: u64,
+    pub detail: String,
+}
+
+pub struct Engine {
+    pub(crate) config: EngineConfig,
+    pub(crate) model: ModelConfig,
+    pub(crate) max_model_len: usize,
+    pub(crate) book: Registries,
+    pub(crate) requests: TrackedMap<RequestId, ReqState>,
+    pub(crate) seqs: TrackedMap<SeqId, Seq>,
+    pub(crate) waiting: TrackedQueue<SeqId>,
+    pub(crate) running: TrackedQueue<SeqId>,
+    pub(crate) outputs: TrackedQueue<RequestOutput>,
+    pub(crate) kv: KvManager,
+    pub(crate) backend: Box<dyn Backend>,
+    pub(crate) asleep: Option<u8>,
+    pub(crate) counters: Counters,
+    pub(crate) next_seq: SeqId,
+    /// Written only by the `untracked-heap` injection: a history that no registry counts.
+    history: Vec<Vec<u32>>,
+}
+
+impl Engine {
+    /// An engine on the CPU backend.
+    pub fn new(config: EngineConfig) -> Result<Engine> {
+        let weights = config.model.load()?;
+        let backend = CpuBackend::new(weights, config.injections.clone())?;
+        Engine::with_backend(config, Box::new(backend))
+    }
+
+    /// An engine on a given backend (holding the weights of `config.model`).
+    pub fn with_backend(config: EngineConfig, mut backend: Box<dyn Backend>) -> Result<Engine> {
+        let model = backend.config().clone();
+        if config.block_size == 0 || config.num_kv_blocks == 0 {
+            return Err(EngineError::Config(
+                "block_size and num_kv_blocks must be positive".into(),
+            ));
+        }
+        if config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 {
+            return Err(EngineError::Config(
+                "max_num_seqs and max_num_batched_tokens must be positive".into(),
+            ));
+        }
+        let max_model_len = config
+            .max_model_len
+            .unwrap_or(model.max_position_embeddings);
+        if max_model_len < 2 || max_model_len > model.max_position_embeddings {
+            return Err(EngineError::Config(format!(
+                "max_model_len {max_model_len} must be in 2..={}",
+                model.max_position_embeddings
+            )));
+        }
+        backend.allocate_kv(config.num_kv_blocks, config.block_size)?;
+        let mut book = Registries::new();
+        let kv = KvManager::new(
+            config.num_kv_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            &mut book,
+        );
+        Ok(Engine {
+            requests: book.map("registry.requests", MetricKind::PerRequest),
+            seqs: book.map("registry.sequences", MetricKind::PerRequest),
+            waiting: book.queue("registry.waiting", MetricKind::PerRequest),
+            running: book.queue("registry.running", MetricKind::PerRequest),
+            outputs: book.queue("registry.pending_outputs", MetricKind::PerRequest),
+            config,
+            model,
+            max_model_len,
+            book,
+            kv,
+            backend,
+            asleep: None,
+            counters: Counters::default(),
+            next_seq: 0,
+            history: Vec::new(),
+        })
+    }
+
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.model
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    fn validate(&self, r: &Request) -> Result<()> {
+        let bad = |reason: String| Err(EngineError::InvalidRequest { id: r.id, reason });
+        let p = &r.params;
+        if let Some(level) = self.asleep {
+            return Err(EngineError::Asleep(level));
+        }
+        if self.requests.contains_key(&r.id) {
+            return Err(EngineError::DuplicateRequest(r.id));
+        }
+        if r.prompt.is_empty() {
+            return bad("empty prompt".into());
+        }
+        if r.prompt.len() >= self.max_model_len {
+            return bad(format!(
+                "prompt of {} tokens leaves no room under the maximum length of {} tokens",
+                r.prompt.len(),
+                self.max_model_len
+            ));
+        }
+        if let Some(&t) = r
+            .prompt
+            .iter()
+            .find(|&&t| t as usize >= self.model.vocab_size)
+        {
+            return bad(format!(
+                "token id {t} is outside the vocabulary of {}",
+                self.model.vocab_size
+            ));
+        }
+        if p.n == 0 {
+            return bad("n must be at least 1".into());
+        }
+        if p.n as usize > self.config.max_num_seqs {
+            return bad(format!(
+                "n = {} exceeds max_num_seqs = {}",
+                p.n, self.config.max_num_seqs
+            ));
+        }
+        if p.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+            return bad(format!("top_p {} is outside (0, 1]", p.top_p));
+        }
+        if !(p.temperature >= 0.0) || !p.temperature.is_finite() {
+            return bad(format!(
+                "temperature {} must be finite and >= 0",
+                p.temperature
+            ));
+        }
+        if let Some(&t) = p
+            .stop_token_ids
+            .iter()
+            .find(|&&t| t as usize >= self.model.vocab_size)
+        {
+            return bad(format!(
+                "stop token id {t} is outside the vocabulary of {}",
+                self.model.vocab_size
+            ));
+        }
+        let blocks = self.kv.blocks_for(r.prompt.len() + 1);
+        if blocks > self.config.num_kv_blocks {
+            return bad(format!(
+                "the prompt needs {blocks} KV blocks and the pool has {}",
+                self.config.num_kv_blocks
+            ));
+        }
+        Ok(())
+    }
+
+    /// Adds a request to the waiting queue. A rejected request changes nothing.
+    pub fn add_request(&mut self, r: Request) -> Result<()> {
+        self.validate(&r)?;
+        let seed = r.params.seed.unwrap_or_else(|| {
+            // SplitMix-style mix of the engine seed and the id: deterministic, no global RNG.
+            let mut z = self.config.seed ^ r.id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z ^ (z >> 31)
+        });
+        let sid = self.new_seq(r.id, 0, r.prompt.clone(), seed);
+        self.requests.insert(
+            r.id,
+            ReqState {
+                params: r.params,
+                seed,
+                prompt: r.prompt,
+                seqs: vec![sid],
+                forked: false,
+                cached_prompt_tokens: 0,
+                error: None,
+            },
+        );
+        self.waiting.push_back(sid);
+        self.counters.requests_added += 1;
+        Ok(())
+    }
+
+    pub(crate) fn new_seq(
+        &mut self,
+        request: RequestId,
+        index: u32,
+        tokens: Vec<u32>,
+        seed: u64,
+    ) -> SeqId {
+        let id = self.next_seq;
+        self.next_seq += 1;
+        let num_prompt = tokens.len();
+        self.seqs.insert(
+            id,
+            Seq {
+                request,
+                index,
+                tokens,
+                num_prompt,
+                num_computed: 0,
+                rng: sampler::seq_rng(seed, index as usize),
+                finished: None,
+            },
+        );
+        id
+    }
+
+    /// True while any sequence is waiting or running (the harness drains until this is false).
+    pub fn has_unfinished(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty() || !self.outputs.is_empty()
+    }
+
+    /// Requests in flight (added, not yet finished).
+    pub fn num_in_flight(&self) -> usize {
+        self.waiting.len() + self.running.len()
+    }
+
+    /// One engine step: schedule, compute, sample, finish. Returns the requests that ended.
+    pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
+        if self.asleep.is_none() && (!self.waiting.is_empty() || !self.running.is_empty()) {
+            self.counters.steps += 1;
+            let sched = self.schedule();
+            if !sched.chunks.is_empty() {
+                let batch = ForwardBatch {
+                    copies: sched.copies,
+                    chunks: sched
+                        .chunks
+                        .iter()
+                        .map(|c| {
+                            let s = &self.seqs.get(&c.seq).expect("scheduled seq exists");
+                            SeqChunk {
+                                tokens: s.tokens[c.start..c.start + c.len].to_vec(),
+                                start_pos: c.start,
+                                block_table: self.kv.block_table(c.seq).to_vec(),
+                                want_logits: c.want_logits,
+                            }
+                        })
+                        .collect(),
+                };
+                self.counters.block_copies += batch.copies.len() as u64;
+                let logits = self.backend.forward(&batch)?;
+                self.apply(&sched.chunks, logits);
+            }
+        }
+        Ok(self.outputs.drain_all())
+    }
+
+    /// Records computed tokens, samples where logits came back, forks n>1 requests after their
+    /// prompt, and finishes sequences that stop.
+    fn apply(&mut self, chunks: &[crate::scheduler::Chunk], logits: Vec<Vec<f32>>) {
+        let mut logits = logits.into_iter();
+        for c in chunks {
+            let extra = Vec::new();
+            let s = self.seqs.get_mut(&c.seq).expect("seq exists");
+            s.num_computed += c.len;
+            if s.num_computed <= s.num_prompt {
+                self.counters.prompt_tokens_computed += c.len as u64;
+            }
+            let (num_computed, request) = (s.num_computed, s.request);
+            let tokens = std::mem::take(&mut s.tokens);
+            self.kv.publish(c.seq, &tokens, num_computed, &extra);
+            self.seqs.get_mut(&c.seq).expect("seq").tokens = tokens;
+            if !c.want_logits {
+                continue;
+            }
+            let row = logits.next().expect("one logits row per chunk wanting it");
+            let Some(req) = self.requests.get(&request) else {
+                // An orphan (n-abort-orphans): it still samples and runs to its end.
+                self.sample_and_check(c.seq, &row, None);
+                continue;
+            };
+            if !req.forked {
+                let (n, seed) = (req.params.n, req.seed);
+                let parent_tokens = self.seqs.get(&c.seq).expect("seq").tokens.clone();
+                let mut children = Vec::new();
+                for i in 1..n {
+                    let child = self.new_seq(request, i, parent_tokens.clone(), seed);
+                    let cs = self.seqs.get_mut(&child).expect("child");
+                    cs.num_computed = num_computed;
+                    self.kv.fork(c.seq, child);
+                    children.push(child);
+                }
+                let req = self.requests.get_mut(&request).expect("request");
+                req.forked = true;
+                req.seqs.extend(children.iter().copied());
+                self.sample_and_check(c.seq, &row, Some(request));
+                for child in children {
+                    self.running.push_back(child);
+                    self.sample_and_check(child, &row, Some(request));
+                }
+            } else {
+                self.sample_and_check(c.seq, &row, Some(request));
+            }
+        }
+    }
+
+    fn sample_and_check(&mut self, sid: SeqId, logits: &[f32], request: Option<RequestId>) {
+        let params = match request.and_then(|r| self.requests.get(&r)) {
+            Some(r) => r.params.clone(),
+            None => SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::default()
+            },
+        };
+        let s = self.seqs.get_mut(&sid).expect("seq");
+        let tok = sampler::sample(logits, &params, &mut s.rng);
+        s.tokens.push(tok);
+        self.counters.tokens_generated += 1;
+        let generated = s.tokens.len() - s.num_prompt;
+        let reason = if (!params.ignore_eos && tok == EOS) || params.stop_token_ids.contains(&tok) {
+            Some(FinishReason::Stopped)
+        } else if generated >= params.max_tokens as usize || s.tokens.len() >= self.max_model_len {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        if let Some(r) = reason {
+            self.finish_seq(sid, r);
+        }
+    }
+
+    /// Ends one sequence: its blocks go back, and its request ends when its last sequence does.
+    pub(crate) fn finish_seq(&mut self, sid: SeqId, reason: FinishReason) {
+        self.kv.free(sid);
+        self.running.remove_item(&sid);
+        self.waiting.remove_item(&sid);
+        let s = self.seqs.get_mut(&sid).expect("seq");
+        s.finished = Some(reason);
+        let request = s.request;
+        let Some(req) = self.requests.get(&request) else {
+            return;
+        };
+        let all_done = req
+            .seqs
+            .iter()
+            .all(|id| self.seqs.get(id).is_some_and(|s| s.finished.is_some()));
+        if all_done && (req.forked || reason == FinishReason::Error || req.params.n == 1) {
+            self.finalize(request);
+        }
+    }
+
+    /// Emits a request's one output and forgets it and its sequences.
+    fn finalize(&mut self, id: RequestId) {
+        let req = self.requests.get(&id).expect("request");
+        let n = req.params.n;
+        let mut seqs = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let s = req
+                .seqs
+                .iter()
+                .filter_map(|sid| self.seqs.get(sid))
+                .find(|s| s.index == i);
+            seqs.push(match s {
+                Some(s) => SeqOutput {
+                    index: i,
+                    tokens: s.tokens[s.num_prompt..].to_vec(),
+                    finish: s.finished.unwrap_or(FinishReason::Aborted),
+                },
+                // Never forked: the request ended before its prompt was prefilled.
+                None => SeqOutput {
+                    index: i,
+                    tokens: Vec::new(),
+                    finish: req
+                        .seqs
+                        .first()
+                        .and_then(|f| self.seqs.get(f))
+                        .and_then(|s| s.finished)
+                        .unwrap_or(FinishReason::Aborted),
+                },
+            });
+        }
+        let out = RequestOutput {
+            id,
+            prompt_tokens: req.prompt.len() as u32,
+            seqs,
+            cached_prompt_tokens: req.cached_prompt_tokens,
+            error: req.error.clone(),
+        };
+        match out.finish() {
+            FinishReason::Aborted => self.counters.requests_aborted += 1,
+            FinishReason::Error => self.counters.requests_failed += 1,
+            _ => self.counters.requests_finished += 1,
+        }
+        if self.config.injections.on(Injection::UntrackedHeap) {
+            self.history.push(
+                out.seqs
+                    .iter()
+                    .flat_map(|s| s.tokens.iter().copied())
+                    .collect(),
+            );
+        }
+        let seq_ids = req.seqs.clone();
+        for sid in seq_ids {
+            self.seqs.remove(&sid);
+        }
+        if !self
+            .config
+            .injections
+            .on(Injection::RegistryRetainsFinished)
+        {
+            self.requests.remove(&id);
+        }
+        self.outputs.push_back(out);
+    }
+
+    /// Aborts a request at whatever stage it is: waiting, mid-prefill, decoding or preempted. Its
+    /// output, with finish reason aborted, comes out of the next `step()`.
+    pub fn abort(&mut self, id: RequestId) -> AbortOutcome {
+        let Some(req) = self.requests.get(&id) else {
+            return AbortOutcome::Unknown;
+        };
+        let live: Vec<SeqId> = req
+            .seqs
+            .iter()
+            .copied()
+            .filter(|sid| self.seqs.get(sid).is_some_and(|s| s.finished.is_none()))
+            .collect();
+        if live.is_empty() {
+            // Finished and retained (registry-retains-finished): not in flight.
+            return AbortOutcome::Unknown;
+        }
+        let forked = req.forked;
+        let orphans = self.config.injections.on(Injection::NAbortOrphans) && forked;
+        for sid in live {
+            let s = self.seqs.get_mut(&sid).expect("seq");
+            if orphans && s.index != 0 {
+                // The bug: children of an aborted n>1 request are left registered and running.
+                continue;
+            }
+            s.finished = Some(FinishReason::Aborted);
+            self.running.remove_item(&sid);
+            self.waiting.remove_item(&sid);
+            if !self.config.injections.on(Injection::AbortKeepsBlocks) {
+                self.kv.free(sid);
+            }
+        }
+        if orphans {
+            let req = self.requests.get_mut(&id).expect("request");
+            let keep = req.seqs[0];
+            let orphaned: Vec<SeqId> = req.seqs.drain(..).filter(|&s| s != keep).collect();
+            req.seqs.push(keep);
+            let _ = orphaned; // still in `seqs` and `running`: nobody will remove them
+        }
+        self.finalize(id);
+        AbortOutcome::Aborted
+    }
+
+    /// Sleep level 1 releases the KV pool; level 2 releases the weights too. Only with nothing in
+    /// flight. While asleep, `add_request` is refused and `step` computes nothing.
+    pub fn sleep(&mut self, level: u8) -> Result<()> {
+        if !(1..=2).contains(&level) {
+            return Err(EngineError::BadSleepLevel(level));
+        }
+        if self.asleep.is_some() {
+            return Ok(());
+        }
+        let busy = self.num_in_flight();
+        if busy > 0 {
+            return Err(EngineError::Busy(busy));
+        }
+        self.kv.reset_prefix_cache();
+        self.backend.release_kv();
+        if level == 2 {
+            self.backend.release_weights();
+        }
+        self.asleep = Some(level);
+        Ok(())
+    }
+
+    /// Restores what sleep released: the KV pool, and after level 2 the weights of `config.model`.
+    pub fn wake(&mut self) -> Result<()> {
+        let Some(level) = self.asleep else {
+            return Err(EngineError::NotAsleep);
+        };
+        if level == 2 {
+            self.backend.load_weights(self.config.model.load()?)?;
+        }
+        self.backend
+            .allocate_kv(self.config.num_kv_blocks, self.config.block_size)?;
+        self.asleep = None;
+        Ok(())
+    }
+
+    /// Replaces the weights (an RL trainer's update). Asleep at level 2 they load at `wake`;
+    /// otherwise at once. The prefix cache is dropped: its KV came from the old weights.
+    pub fn update_weights(&mut self, source: WeightSource) -> Result<()> {
+        if source.config()? != self.model {
+            return Err(EngineError::Weights(
+                "new weights have another model shape".into(),
+            ));
+        }
+        if self.asleep != Some(2) {
+            let busy = self.num_in_flight();
+            if busy > 0 {
+                return Err(EngineError::Busy(busy));
+            }
+            self.backend.load_weights(source.load()?)?;
+            self.kv.reset_prefix_cache();
+        }
+        self.config.model = source;
+        Ok(())
+    }
+
+    pub fn is_asleep(&self) -> bool {
+        self.asleep.is_some()
+    }
+
+    pub fn kv_counts(&self) -> PoolCounts {
+        self.kv.counts()
+    }
+
+    /// Every registry, the KV pool by state, the backend's memory and the counters.
+    pub fn stats(&self) -> Vec<Metric> {
+        let mut m: Vec<Metric> = self.book.metrics().collect();
+        let k = self.kv.counts();
+        let total = k.total as u64;
+        let count = |name: &str, kind, value| Metric {
+            name: name.to_string(),
+            kind,
+            unit: "count",
+            value,
+        };
+        m.push(count(
+            "registry.kv.blocks_used",
+            MetricKind::PerRequest,
+            k.used as u64,
+        ));
+        m.push(count(
+            "registry.kv.blocks_cached",
+            MetricKind::Bounded { capacity: total },
+            k.cached as u64,
+        ));
+        m.push(count(
+            "registry.kv.blocks_free",
+            MetricKind::Bounded { capacity: total },
+            k.free as u64,
+        ));
+        let mem = self.backend.memory();
+        m.push(count(
+            "registry.kv_pools",
+            MetricKind::Bounded { capacity: 1 },
+            mem.kv_pools,
+        ));
+        let bytes = |name: &str, value| Metric {
+            name: name.to_string(),
+            kind: MetricKind::Gauge,
+            unit: "bytes",
+            value,
+        };
+        m.push(bytes("engine.kv_pool_bytes", mem.kv_bytes));
+        m.push(bytes("engine.weight_bytes", mem.weight_bytes));
+        let c = &self.counters;
+        for (name, v) in [
+            ("engine.steps", c.steps),
+            ("engine.requests_added", c.requests_added),
+            ("engine.requests_finished", c.requests_finished),
+            ("engine.requests_aborted", c.requests_aborted),
+            ("engine.requests_failed", c.requests_failed),
+            ("engine.prompt_tokens_computed", c.prompt_tokens_computed),
+            ("engine.prefix_cache_hit_tokens", c.prefix_cache_hit_tokens),
+            ("engine.tokens_generated", c.tokens_generated),
+            ("engine.preemptions", c.preemptions),
+            ("engine.block_copies", c.block_copies),
+        ] {
+            m.push(count(name, MetricKind::Counter, v));
+        }
+        m
+    }
+
+    /// The engine's idle self-check: every per-request registry empty, every bounded one within its
+    /// capacity, and the KV pool's accounting whole. Call it when nothing is in flight.
+    pub fn check_idle(&self) -> std::result::Result<(), Vec<IdleViolation>> {
+        let mut v = Vec::new();
+        for m in self.stats() {
+            match m.kind {
+                MetricKind::PerRequest if m.value > 0 => v.push(IdleViolation {
+                    detail: format!(
+                        "{} holds {} entries with nothing in flight",
+                        m.name, m.value
+                    ),
+                    metric: m.name,
+                    value: m.value,
+                }),
+                MetricKind::Bounded { capacity } if m.value > capacity => v.push(IdleViolation {
+                    detail: format!(
+                        "{} holds {} entries, above its capacity {capacity}",
+                        m.name, m.value
+                    ),
+                    metric: m.name,
+                    value: m.value,
+                }),
+                _ => {}
+            }
+        }
+        if let Err(e) = self.kv.check() {
+            v.push(IdleViolation {
+                metric: "registry.kv".into(),
+                value: 0,
+                detail: format!("KV accounting: {e}"),
+            });
+        }
+        if v.is_empty() {
+            Ok(())
+        } else {
+            Err(v)
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Leak injections: named switches, all off by default, each re-creating a real class of leak
+//! through the engine's own structures (DESIGN.md, "Leak injections").
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Injection {
+    RegistryRetainsFinished,
+    NAbortOrphans,
+    AbortKeepsBlocks,
+    SleepKeepsKv,
+    UntrackedHeap,
+}
+
+impl Injection {
+    pub const ALL: [Injection; 5] = [
+        Injection::RegistryRetainsFinished,
+        Injection::NAbortOrphans,
+        Injection::AbortKeepsBlocks,
+        Injection::SleepKeepsKv,
+        Injection::UntrackedHeap,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Injection::RegistryRetainsFinished => "registry-retains-finished",
+            Injection::NAbortOrphans => "n-abort-orphans",
+            Injection::AbortKeepsBlocks => "abort-keeps-blocks",
+            Injection::SleepKeepsKv => "sleep-keeps-kv",
+            Injection::UntrackedHeap => "untracked-heap",
+        }
+    }
+
+    pub fn description(self) -> &'static str {
+        match self {
+            Injection::RegistryRetainsFinished => {
+                "finished requests, with their prompt tokens, stay in the request registry (vLLM seq_id_to_seq_group)"
+            }
+            Injection::NAbortOrphans => {
+                "aborting an n>1 request after it forked leaves its child sequences registered and running"
+            }
+            Injection::AbortKeepsBlocks => "the KV blocks of an aborted request are never returned to the pool",
+            Injection::SleepKeepsKv => "sleep does not release the KV cache; wake allocates a new one beside it",
+            Injection::UntrackedHeap => {
+                "finished requests' output tokens are appended to a history no registry counts (heap only)"
+            }
+        }
+    }
+}
+
+impl fmt::Display for Injection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Injection {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Injection::ALL
+            .iter()
+            .copied()
+            .find(|i| i.name() == s)
+            .ok_or_else(|| {
+                let known: Vec<&str> = Injection::ALL.iter().map(|i| i.name()).collect();
+                format!("unknown injection `{s}`; known: {}", known.join(", "))
+            })
+    }
+}
+
+/// The set of injections switched on for one engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Injections(Vec<Injection>);
+
+impl Injections {
+    pub fn none() -> Self {
+        Self::default()
+    }
+    pub fn with(mut self, i: Injection) -> Self {
+        if !self.0.contains(&i) {
+            self.0.push(i);
+            self.0.sort();
+        }
+        self
+    }
+    pub fn on(&self, i: Injection) -> bool {
+        self.0.contains(&i)
+    }
+    pub fn iter(&self) -> impl Iterator<Item = Injection> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+impl FromIterator<Injection> for Injections {
+    fn from_iter<T: IntoIterator<Item = Injection>>(iter: T) -> Self {
+        iter.into_iter().fold(Injections::none(), Injections::with)
+    }
+}

@@ -1,0 +1,49 @@
+//! The backend trait: what the engine core asks of a device. The core decides what to compute;
+//! a backend only computes it, and owns the memory it computes in (weights, KV pool).
+
+use crate::block_pool::BlockId;
+use crate::error::Result;
+use crate::kv_manager::BlockCopy;
+use crate::model::config::ModelConfig;
+use crate::model::weights::ModelWeights;
+
+/// One sequence's share of a forward pass: `tokens` at positions `start_pos..`, written into the
+/// KV slots that `block_table` maps those positions to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqChunk {
+    pub tokens: Vec<u32>,
+    pub start_pos: usize,
+    pub block_table: Vec<BlockId>,
+    /// Return the logits of the chunk's last position.
+    pub want_logits: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ForwardBatch {
+    /// Block copies (copy-on-write) to perform before computing.
+    pub copies: Vec<BlockCopy>,
+    pub chunks: Vec<SeqChunk>,
+}
+
+/// Memory a backend holds, in bytes, and how many KV pools are alive (one when awake, none asleep).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BackendMemory {
+    pub weight_bytes: u64,
+    pub kv_bytes: u64,
+    pub kv_pools: u64,
+}
+
+pub trait Backend: Send {
+    fn name(&self) -> &'static str;
+    fn config(&self) -> &ModelConfig;
+    /// Allocates a KV pool of `num_blocks` blocks of `block_size` tokens.
+    fn allocate_kv(&mut self, num_blocks: usize, block_size: usize) -> Result<()>;
+    /// Releases the KV pool (sleep).
+    fn release_kv(&mut self);
+    fn load_weights(&mut self, weights: ModelWeights) -> Result<()>;
+    /// Releases the weights (sleep level 2).
+    fn release_weights(&mut self);
+    /// Computes the batch; returns one logits row per chunk with `want_logits`, in order.
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>>;
+    fn memory(&self) -> BackendMemory;
+}

@@ -1,0 +1,166 @@
+//! The shape of a Llama-style decoder, named presets, and the Hugging Face `config.json` fields.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, Result};
+use crate::tokenizer::MIN_VOCAB;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub intermediate_size: usize,
+    pub max_position_embeddings: usize,
+    pub rope_theta: f32,
+    pub rms_norm_eps: f32,
+}
+
+/// The presets, by name, with a one-line description each.
+pub const PRESETS: [(&str, &str); 3] = [
+    (
+        "tiny",
+        "2 layers, hidden 64: tests, CI and the default soak",
+    ),
+    ("small", "4 layers, hidden 256: a heavier CPU soak"),
+    (
+        "tinyllama-1.1b",
+        "TinyLlama-1.1B's shape (22 layers, hidden 2048, GQA 32/4): GPU runs",
+    ),
+];
+
+impl ModelConfig {
+    pub fn preset(name: &str) -> Result<ModelConfig> {
+        let c = |vocab, hidden, layers, heads, kv, hd, inter, maxpos| ModelConfig {
+            vocab_size: vocab,
+            hidden_size: hidden,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_key_value_heads: kv,
+            head_dim: hd,
+            intermediate_size: inter,
+            max_position_embeddings: maxpos,
+            rope_theta: 10000.0,
+            rms_norm_eps: 1e-5,
+        };
+        match name {
+            "tiny" => Ok(c(320, 64, 2, 4, 2, 16, 160, 2048)),
+            "small" => Ok(c(512, 256, 4, 8, 2, 32, 688, 4096)),
+            "tinyllama-1.1b" => Ok(c(32000, 2048, 22, 32, 4, 64, 5632, 2048)),
+            _ => {
+                let known: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
+                Err(EngineError::Config(format!(
+                    "unknown model preset `{name}`; known: {}",
+                    known.join(", ")
+                )))
+            }
+        }
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// Bytes of K and V for one token across all layers, in f32.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.num_hidden_layers * self.kv_dim() * 4
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(EngineError::Config(m));
+        if self.vocab_size < MIN_VOCAB {
+            return bad(format!(
+                "vocab_size {} is below the byte tokenizer's {MIN_VOCAB}",
+                self.vocab_size
+            ));
+        }
+        if self.hidden_size == 0 || self.num_hidden_layers == 0 || self.intermediate_size == 0 {
+            return bad(
+                "hidden_size, num_hidden_layers and intermediate_size must be positive".into(),
+            );
+        }
+        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0
+        {
+            return bad(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+            return bad(format!(
+                "head_dim {} must be even and positive",
+                self.head_dim
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads a Hugging Face Llama `config.json`.
+    pub fn from_hf_json(text: &str) -> Result<ModelConfig> {
+        let v: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| EngineError::Weights(format!("config.json: {e}")))?;
+        let get = |k: &str| -> Result<usize> {
+            v.get(k)
+                .and_then(|x| x.as_u64())
+                .map(|x| x as usize)
+                .ok_or_else(|| {
+                    EngineError::Weights(format!("config.json: missing or non-integer field `{k}`"))
+                })
+        };
+        let heads = get("num_attention_heads")?;
+        let hidden = get("hidden_size")?;
+        let cfg = ModelConfig {
+            vocab_size: get("vocab_size")?,
+            hidden_size: hidden,
+            num_hidden_layers: get("num_hidden_layers")?,
+            num_attention_heads: heads,
+            num_key_value_heads: get("num_key_value_heads").unwrap_or(heads),
+            head_dim: get("head_dim").unwrap_or(if heads > 0 { hidden / heads } else { 0 }),
+            intermediate_size: get("intermediate_size")?,
+            max_position_embeddings: get("max_position_embeddings")?,
+            rope_theta: v
+                .get("rope_theta")
+                .and_then(|x| x.as_f64())
+                .unwrap_or(10000.0) as f32,
+            rms_norm_eps: v
+                .get("rms_norm_eps")
+                .and_then(|x| x.as_f64())
+                .unwrap_or(1e-6) as f32,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// A Hugging Face Llama `config.json` that transformers loads.
+    pub fn to_hf_json(&self) -> String {
+        let v = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "hidden_act": "silu",
+            "tie_word_embeddings": false,
+            "attention_bias": false,
+            "mlp_bias": false,
+            "bos_token_id": crate::tokenizer::BOS,
+            "eos_token_id": crate::tokenizer::EOS,
+            "torch_dtype": "float32",
+        });
+        serde_json::to_string_pretty(&v).expect("json")
+    }
+}

@@ -1,0 +1,305 @@
+//! The CPU backend: the reference implementation of the Llama-style decoder over the paged KV
+//! cache. Matrix products go through `matrixmultiply` (single-threaded: the core owns no threads);
+//! every other operation is a plain loop written to compute each token's row independently of the
+//! rest of the batch, so a sequence's logits do not depend on what it is batched with.
+
+use crate::block_pool::BlockId;
+use crate::error::{EngineError, Result};
+use crate::inject::{Injection, Injections};
+use crate::model::backend::{Backend, BackendMemory, ForwardBatch};
+use crate::model::config::ModelConfig;
+use crate::model::weights::ModelWeights;
+
+/// The KV cache: per layer, K and V for `num_blocks * block_size` slots of `kv_dim` floats.
+#[derive(Debug)]
+struct KvPool {
+    block_size: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl KvPool {
+    fn bytes(&self) -> u64 {
+        self.k
+            .iter()
+            .chain(&self.v)
+            .map(|t| t.len() as u64 * 4)
+            .sum()
+    }
+}
+
+pub struct CpuBackend {
+    config: ModelConfig,
+    weights: Option<ModelWeights>,
+    kv: Option<KvPool>,
+    /// KV pools kept past their release: only `sleep-keeps-kv` puts anything here.
+    kept_kv: Vec<KvPool>,
+    injections: Injections,
+    inv_freq: Vec<f32>,
+}
+
+impl CpuBackend {
+    pub fn new(weights: ModelWeights, injections: Injections) -> Result<CpuBackend> {
+        weights.config.validate()?;
+        let config = weights.config.clone();
+        let hd = config.head_dim;
+        let inv_freq = (0..hd / 2)
+            .map(|i| 1.0 / config.rope_theta.powf((2 * i) as f32 / hd as f32))
+            .collect();
+        Ok(CpuBackend {
+            config,
+            weights: Some(weights),
+            kv: None,
+            kept_kv: Vec::new(),
+            injections,
+            inv_freq,
+        })
+    }
+}
+
+/// y[t, out] = x[t, in] · w[out, in]^T
+pub fn linear(x: &[f32], w: &[f32], t: usize, inp: usize, out: usize) -> Vec<f32> {
+    assert_eq!(x.len(), t * inp);
+    assert_eq!(w.len(), out * inp);
+    let mut y = vec![0.0f32; t * out];
+    if t == 0 {
+        return y;
+    }
+    // SAFETY: the slices hold exactly t*inp, out*inp and t*out floats, and the strides below stay
+    // inside them (asserted above).
+    unsafe {
+        matrixmultiply::sgemm(
+            t,
+            inp,
+            out,
+            1.0,
+            x.as_ptr(),
+            inp as isize,
+            1,
+            w.as_ptr(),
+            1,
+            inp as isize,
+            0.0,
+            y.as_mut_ptr(),
+            out as isize,
+            1,
+        );
+    }
+    y
+}
+
+fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let h = w.len();
+    let mut out = vec![0.0; x.len()];
+    for (row, o) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        let ms = row.iter().map(|v| v * v).sum::<f32>() / h as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        for i in 0..h {
+            o[i] = row[i] * r * w[i];
+        }
+    }
+    out
+}
+
+/// Rotary embedding, rotate-half convention (Hugging Face Llama), in place on `heads` heads per row.
+fn rope(x: &mut [f32], positions: &[usize], heads: usize, hd: usize, inv_freq: &[f32]) {
+    let half = hd / 2;
+    for (row, &pos) in x.chunks_exact_mut(heads * hd).zip(positions) {
+        for i in 0..half {
+            let angle = pos as f32 * inv_freq[i];
+            let (sin, cos) = angle.sin_cos();
+            for head in row.chunks_exact_mut(hd) {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cos - b * sin;
+                head[i + half] = b * cos + a * sin;
+            }
+        }
+    }
+}
+
+fn slot(table: &[BlockId], pos: usize, block_size: usize) -> usize {
+    table[pos / block_size] as usize * block_size + pos % block_size
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn allocate_kv(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
+        if self.kv.is_some() {
+            return Err(EngineError::Backend("KV pool already allocated".into()));
+        }
+        let n = num_blocks * block_size * self.config.kv_dim();
+        let layers = self.config.num_hidden_layers;
+        self.kv = Some(KvPool {
+            block_size,
+            k: vec![vec![0.0; n]; layers],
+            v: vec![vec![0.0; n]; layers],
+        });
+        Ok(())
+    }
+
+    fn release_kv(&mut self) {
+        if let Some(pool) = self.kv.take() {
+            if self.injections.on(Injection::SleepKeepsKv) {
+                self.kept_kv.push(pool);
+            }
+        }
+    }
+
+    fn load_weights(&mut self, weights: ModelWeights) -> Result<()> {
+        if weights.config != self.config {
+            return Err(EngineError::Weights(format!(
+                "new weights have another shape: {:?}, engine has {:?}",
+                weights.config, self.config
+            )));
+        }
+        self.weights = Some(weights);
+        Ok(())
+    }
+
+    fn release_weights(&mut self) {
+        self.weights = None;
+    }
+
+    fn memory(&self) -> BackendMemory {
+        let pools = self.kv.iter().chain(&self.kept_kv);
+        BackendMemory {
+            weight_bytes: self.weights.as_ref().map_or(0, |w| w.bytes() as u64),
+            kv_bytes: pools.clone().map(KvPool::bytes).sum(),
+            kv_pools: pools.count() as u64,
+        }
+    }
+
+    fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
+        let w = self
+            .weights
+            .as_ref()
+            .ok_or_else(|| EngineError::Backend("weights are released".into()))?;
+        let kv = self
+            .kv
+            .as_mut()
+            .ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let c = &self.config;
+        let (h, hd, nh, nkv) = (
+            c.hidden_size,
+            c.head_dim,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+        );
+        let (qd, kvd, inter, bs) = (c.q_dim(), c.kv_dim(), c.intermediate_size, kv.block_size);
+        for cp in &batch.copies {
+            let (s, d) = (cp.src as usize * bs * kvd, cp.dst as usize * bs * kvd);
+            for t in kv.k.iter_mut().chain(kv.v.iter_mut()) {
+                t.copy_within(s..s + bs * kvd, d);
+            }
+        }
+        // Flatten the batch: token t belongs to chunk owner[t] at position positions[t].
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        let mut owner = Vec::new();
+        for (ci, ch) in batch.chunks.iter().enumerate() {
+            for (j, &tok) in ch.tokens.iter().enumerate() {
+                if tok as usize >= c.vocab_size {
+                    return Err(EngineError::Backend(format!(
+                        "token id {tok} outside the vocabulary"
+                    )));
+                }
+                tokens.push(tok);
+                positions.push(ch.start_pos + j);
+                owner.push(ci);
+            }
+        }
+        let t = tokens.len();
+        let mut x = vec![0.0f32; t * h];
+        for (row, &tok) in x.chunks_exact_mut(h).zip(&tokens) {
+            row.copy_from_slice(&w.embed()[tok as usize * h..(tok as usize + 1) * h]);
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = nh / nkv;
+        for l in 0..c.num_hidden_layers {
+            let lw = w.layer(l);
+            let hn = rms_norm(&x, lw.attn_norm, c.rms_norm_eps);
+            let mut q = linear(&hn, lw.q, t, h, qd);
+            let mut k = linear(&hn, lw.k, t, h, kvd);
+            let v = linear(&hn, lw.v, t, h, kvd);
+            rope(&mut q, &positions, nh, hd, &self.inv_freq);
+            rope(&mut k, &positions, nkv, hd, &self.inv_freq);
+            let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
+            for i in 0..t {
+                let s = slot(&batch.chunks[owner[i]].block_table, positions[i], bs) * kvd;
+                kc[s..s + kvd].copy_from_slice(&k[i * kvd..(i + 1) * kvd]);
+                vc[s..s + kvd].copy_from_slice(&v[i * kvd..(i + 1) * kvd]);
+            }
+            let mut attn = vec![0.0f32; t * qd];
+            let mut scores = Vec::new();
+            for i in 0..t {
+                let table = &batch.chunks[owner[i]].block_table;
+                let n_ctx = positions[i] + 1;
+                for head in 0..nh {
+                    let qv = &q[i * qd + head * hd..i * qd + (head + 1) * hd];
+                    let off = (head / group) * hd;
+                    scores.clear();
+                    let mut max = f32::NEG_INFINITY;
+                    for p in 0..n_ctx {
+                        let s = slot(table, p, bs) * kvd + off;
+                        let dot: f32 = qv
+                            .iter()
+                            .zip(&kc[s..s + hd])
+                            .map(|(a, b)| a * b)
+                            .sum::<f32>()
+                            * scale;
+                        max = max.max(dot);
+                        scores.push(dot);
+                    }
+                    let mut denom = 0.0f32;
+                    for sc in scores.iter_mut() {
+                        *sc = (*sc - max).exp();
+                        denom += *sc;
+                    }
+                    let out = &mut attn[i * qd + head * hd..i * qd + (head + 1) * hd];
+                    for (p, &sc) in scores.iter().enumerate() {
+                        let s = slot(table, p, bs) * kvd + off;
+                        let wgt = sc / denom;
+                        for (o, vv) in out.iter_mut().zip(&vc[s..s + hd]) {
+                            *o += wgt * vv;
+                        }
+                    }
+                }
+            }
+            let o = linear(&attn, lw.o, t, qd, h);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let hn = rms_norm(&x, lw.mlp_norm, c.rms_norm_eps);
+            let g = linear(&hn, lw.gate, t, h, inter);
+            let u = linear(&hn, lw.up, t, h, inter);
+            let act: Vec<f32> = g
+                .iter()
+                .zip(&u)
+                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let d = linear(&act, lw.down, t, inter, h);
+            x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        }
+        // Logits for the last position of each chunk that wants them.
+        let mut rows = Vec::new();
+        let mut end = 0;
+        for ch in &batch.chunks {
+            end += ch.tokens.len();
+            if ch.want_logits && !ch.tokens.is_empty() {
+                rows.extend_from_slice(&x[(end - 1) * h..end * h]);
+            }
+        }
+        let n_rows = rows.len() / h;
+        let normed = rms_norm(&rows, w.final_norm(), c.rms_norm_eps);
+        let logits = linear(&normed, w.lm_head(), n_rows, h, c.vocab_size);
+        Ok(logits
+            .chunks_exact(c.vocab_size)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+}

@@ -1,0 +1,6 @@
+//! The model: its shape, its weights, and the backends that compute it.
+
+pub mod backend;
+pub mod config;
+pub mod cpu;
+pub mod weights;

@@ -1,0 +1,102 @@
+//! Requests as the engine receives them and outputs as it returns them.
+//!
+//! Lifecycle of a request: `add_request` validates it and puts its first sequence in the waiting
+//! queue -> scheduled (prefill, possibly in chunks) -> running (decode) -> possibly preempted back
+//! to waiting (its KV freed, recomputed later) -> finished with one [`FinishReason`] per sequence.
+//! An n>1 request prefills its prompt once and forks into n sequences sharing the prompt's blocks.
+//! Exactly one [`RequestOutput`] comes out of `step()` per request, whatever way it ended.
+
+use serde::{Deserialize, Serialize};
+
+pub type RequestId = u64;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingParams {
+    /// Sequences generated from one prompt.
+    pub n: u32,
+    /// 0 is greedy.
+    pub temperature: f32,
+    /// Nucleus mass kept, in (0, 1].
+    pub top_p: f32,
+    /// Candidates kept; 0 keeps all.
+    pub top_k: u32,
+    /// New tokens per sequence, at least 1.
+    pub max_tokens: u32,
+    /// Token ids that end a sequence (the stop token is the output's last token).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past EOS.
+    pub ignore_eos: bool,
+    /// Seed of the request's RNGs; None derives one from the engine seed and the request id.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            n: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            max_tokens: 16,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            seed: None,
+        }
+    }
+}
+
+/// A request to add to the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// EOS or a stop token.
+    Stopped,
+    /// max_tokens or the model's maximum length reached.
+    Length,
+    Aborted,
+    /// The engine could not serve it (for example, more KV than the whole pool).
+    Error,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SeqOutput {
+    pub index: u32,
+    pub tokens: Vec<u32>,
+    pub finish: FinishReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestOutput {
+    pub id: RequestId,
+    pub prompt_tokens: u32,
+    /// One per sequence, by index. An abort before the fork reports the sequences it never made
+    /// as aborted with no tokens.
+    pub seqs: Vec<SeqOutput>,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_prompt_tokens: u32,
+    /// A reason when `finish` is Error.
+    pub error: Option<String>,
+}
+
+impl RequestOutput {
+    /// The request's overall ending: aborted or error if any sequence was, else the first's.
+    pub fn finish(&self) -> FinishReason {
+        for r in [FinishReason::Error, FinishReason::Aborted] {
+            if self.seqs.iter().any(|s| s.finish == r) {
+                return r;
+            }
+        }
+        self.seqs
+            .first()
+            .map(|s| s.finish)
+            .unwrap_or(FinishReason::Aborted)
+    }
+}
