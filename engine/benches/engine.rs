@@ -1,1 +1,83 @@
-fn main() {}
+//! Engine benchmarks on the `tiny` preset: decode steps at batch 1, 8 and 32, and one whole
+//! iteration of 20 requests with n=2 and 10 new tokens each (the multimodal-repeat shape, text only).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use plateau_engine::{Engine, EngineConfig, Request, SamplingParams};
+
+fn request(id: u64, n: u32, max_tokens: u32) -> Request {
+    let prompt = plateau_engine::tokenizer::encode(&format!(
+        "Question No.{id:08} Conclude this image in 10 words."
+    ));
+    Request {
+        id,
+        prompt,
+        params: SamplingParams {
+            n,
+            max_tokens,
+            seed: Some(id),
+            ignore_eos: true,
+            ..SamplingParams::default()
+        },
+    }
+}
+
+/// Tops the engine up to `batch` running sequences and steps them past prefill.
+fn refill(e: &mut Engine, next: &mut u64, batch: usize) {
+    while e.num_in_flight() < batch {
+        e.add_request(request(*next, 1, 1_000)).unwrap();
+        *next += 1;
+    }
+    for _ in 0..4 {
+        e.step().unwrap();
+    }
+}
+
+fn decode_steps(c: &mut Criterion) {
+    let mut g = c.benchmark_group("decode_step");
+    for batch in [1usize, 8, 32] {
+        g.throughput(Throughput::Elements(batch as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(batch), &batch, |b, &batch| {
+            let mut e = Engine::new(EngineConfig {
+                num_kv_blocks: 2048,
+                ..EngineConfig::default()
+            })
+            .unwrap();
+            let mut next = 0u64;
+            refill(&mut e, &mut next, batch);
+            let mut steps = 0u32;
+            b.iter(|| {
+                steps += 1;
+                if steps % 500 == 0 {
+                    for id in next - batch as u64..next {
+                        e.abort(id);
+                    }
+                    e.step().unwrap();
+                    refill(&mut e, &mut next, batch);
+                }
+                e.step().unwrap()
+            });
+        });
+    }
+    g.finish();
+}
+
+fn iteration(c: &mut Criterion) {
+    c.bench_function("iteration_20req_n2_10tok", |b| {
+        let mut e = Engine::new(EngineConfig::default()).unwrap();
+        let mut next = 0u64;
+        b.iter(|| {
+            for _ in 0..20 {
+                e.add_request(request(next, 2, 10)).unwrap();
+                next += 1;
+            }
+            let mut outs = 0;
+            while e.has_unfinished() {
+                outs += e.step().unwrap().len();
+            }
+            assert_eq!(outs, 20);
+        });
+    });
+}
+
+criterion_group!(benches, decode_steps, iteration);
+criterion_main!(benches);

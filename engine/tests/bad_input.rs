@@ -1,0 +1,142 @@
+//! Bad input gets a clear error, and the engine stays usable with nothing leaked.
+
+mod common;
+
+use common::*;
+use plateau_engine::{AbortOutcome, EngineError, SamplingParams};
+
+#[test]
+fn each_bad_request_is_refused_and_leaves_nothing() {
+    let mut e = engine_with(|c| c.max_model_len = Some(64));
+    let ok = || req(1, prompt(1, 8), 1, 4, 1);
+    let cases: Vec<(plateau_engine::Request, &str)> = vec![
+        (
+            {
+                let mut r = ok();
+                r.prompt.clear();
+                r
+            },
+            "empty prompt",
+        ),
+        (
+            {
+                let mut r = ok();
+                r.prompt = prompt(1, 64);
+                r
+            },
+            "maximum length",
+        ),
+        (
+            {
+                let mut r = ok();
+                r.params.n = 0;
+                r
+            },
+            "n must be",
+        ),
+        (
+            {
+                let mut r = ok();
+                r.params.max_tokens = 0;
+                r
+            },
+            "max_tokens",
+        ),
+        (
+            {
+                let mut r = ok();
+                r.params.top_p = 0.0;
+                r
+            },
+            "top_p",
+        ),
+        (
+            {
+                let mut r = ok();
+                r.params.top_p = 1.5;
+                r
+            },
+            "top_p",
+        ),
+        (
+            {
+                let mut r = ok();
+                r.params.temperature = -0.1;
+                r
+            },
+            "temperature",
+        ),
+        (
+            {
+                let mut r = ok();
+                r.params.temperature = f32::NAN;
+                r
+            },
+            "temperature",
+        ),
+        (
+            {
+                let mut r = ok();
+                r.prompt[3] = 100_000;
+                r
+            },
+            "outside the vocabulary",
+        ),
+        (
+            {
+                let mut r = ok();
+                r.params = SamplingParams {
+                    n: 1000,
+                    ..r.params
+                };
+                r
+            },
+            "max_num_seqs",
+        ),
+    ];
+    for (r, want) in cases {
+        let err = e.add_request(r).unwrap_err().to_string();
+        assert!(err.contains(want), "error `{err}` does not say `{want}`");
+        assert_eq!(e.check_idle(), Ok(()));
+    }
+    e.add_request(ok()).unwrap();
+    assert_eq!(e.add_request(ok()), Err(EngineError::DuplicateRequest(1)));
+    assert_eq!(e.abort(999), AbortOutcome::Unknown);
+    let outs = drain(&mut e, 100);
+    assert_eq!(outs.len(), 1);
+    assert_eq!(e.check_idle(), Ok(()));
+}
+
+#[test]
+fn asleep_refuses_requests_and_busy_refuses_sleep() {
+    let mut e = engine_with(|_| {});
+    e.add_request(req(1, prompt(1, 8), 1, 4, 1)).unwrap();
+    assert_eq!(e.sleep(1), Err(EngineError::Busy(1)));
+    assert_eq!(e.sleep(3), Err(EngineError::BadSleepLevel(3)));
+    drain(&mut e, 100);
+    e.sleep(2).unwrap();
+    assert_eq!(
+        e.add_request(req(2, prompt(2, 8), 1, 4, 1)),
+        Err(EngineError::Asleep(2))
+    );
+    assert_eq!(e.check_idle(), Ok(()));
+    e.wake().unwrap();
+    assert_eq!(e.wake(), Err(EngineError::NotAsleep));
+    e.add_request(req(2, prompt(2, 8), 1, 4, 1)).unwrap();
+    drain(&mut e, 100);
+    assert_eq!(e.check_idle(), Ok(()));
+}
+
+#[test]
+fn a_sequence_that_outgrows_the_pool_ends_in_error() {
+    let mut e = engine_with(|c| c.num_kv_blocks = 4);
+    e.add_request(req(1, prompt(1, 8), 1, 40, 1)).unwrap();
+    let outs = drain(&mut e, 200);
+    assert_eq!(outs[0].finish(), plateau_engine::FinishReason::Error);
+    assert!(outs[0]
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("KV cache too small"));
+    assert_eq!(e.check_idle(), Ok(()));
+}
