@@ -58,6 +58,19 @@ impl Default for EngineConfig {
     }
 }
 
+/// Where a request in flight is in its life (its furthest-along live sequence decides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RequestStage {
+    /// Never scheduled yet.
+    Waiting,
+    /// Part of its prompt computed, no token yet.
+    Prefill,
+    /// Producing tokens.
+    Decode,
+    /// Preempted: back in the waiting queue to be recomputed.
+    Preempted,
+}
+
 /// What `abort` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AbortOutcome {
@@ -78,6 +91,8 @@ pub(crate) struct Seq {
     pub num_computed: usize,
     pub rng: ChaCha8Rng,
     pub finished: Option<FinishReason>,
+    /// Times preempted; nonzero while waiting means it waits to be recomputed.
+    pub preemptions: u32,
 }
 
 #[derive(Debug)]
@@ -324,9 +339,37 @@ impl Engine {
                 num_computed: 0,
                 rng: sampler::seq_rng(seed, index as usize),
                 finished: None,
+                preemptions: 0,
             },
         );
         id
+    }
+
+    /// The stage of request `id`, or None when it is not in flight.
+    pub fn stage(&self, id: RequestId) -> Option<RequestStage> {
+        let req = self.requests.get(&id)?;
+        req.seqs
+            .iter()
+            .filter_map(|sid| {
+                self.seqs
+                    .get(sid)
+                    .filter(|s| s.finished.is_none())
+                    .map(|s| (sid, s))
+            })
+            .map(|(sid, s)| {
+                if self.waiting.contains(sid) {
+                    if s.preemptions > 0 {
+                        RequestStage::Preempted
+                    } else {
+                        RequestStage::Waiting
+                    }
+                } else if s.tokens.len() > s.num_prompt {
+                    RequestStage::Decode
+                } else {
+                    RequestStage::Prefill
+                }
+            })
+            .max()
     }
 
     /// True while any sequence is waiting or running (the harness drains until this is false).

@@ -18,7 +18,7 @@ pub mod sampler;
 pub mod scheduler;
 pub mod tokenizer;
 
-pub use engine::{AbortOutcome, Engine, EngineConfig, IdleViolation};
+pub use engine::{AbortOutcome, Engine, EngineConfig, IdleViolation, RequestStage};
 pub use error::EngineError;
 pub use inject::{Injection, Injections};
 pub use model::config::ModelConfig;

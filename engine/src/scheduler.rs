@@ -124,7 +124,9 @@ impl Engine {
     fn preempt(&mut self, sid: SeqId) {
         self.kv.free(sid);
         self.running.remove_item(&sid);
-        self.seqs.get_mut(&sid).expect("seq").num_computed = 0;
+        let s = self.seqs.get_mut(&sid).expect("seq");
+        s.num_computed = 0;
+        s.preemptions += 1;
         self.waiting.push_front(sid);
         self.counters.preemptions += 1;
     }

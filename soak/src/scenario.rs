@@ -1,0 +1,617 @@
+//! Scenario scripts (TOML): the engine setup, the soak length, and the phases each iteration runs.
+//! scenarios/README.md documents every field. Loading is strict: an unknown or misspelled field, a
+//! wrong type or an impossible value is an error naming file:line, the field and the closest known
+//! name.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The scenarios shipped with plateau, embedded so that `plateau run NAME` and `plateau selftest`
+/// work from any directory.
+pub const SHIPPED: [(&str, &str); 5] = [
+    (
+        "n-sampling",
+        include_str!("../../scenarios/n-sampling.toml"),
+    ),
+    ("aborts", include_str!("../../scenarios/aborts.toml")),
+    (
+        "rl-rollout",
+        include_str!("../../scenarios/rl-rollout.toml"),
+    ),
+    (
+        "prefill-only",
+        include_str!("../../scenarios/prefill-only.toml"),
+    ),
+    ("mixed", include_str!("../../scenarios/mixed.toml")),
+];
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    #[serde(default)]
+    pub engine: EngineSection,
+    #[serde(default)]
+    pub soak: SoakSection,
+    #[serde(rename = "phase")]
+    pub phases: Vec<Phase>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSection {
+    pub preset: String,
+    /// A Hugging Face Llama directory; replaces the preset.
+    pub weights: Option<PathBuf>,
+    pub weights_seed: u64,
+    pub backend: String,
+    pub block_size: usize,
+    pub num_kv_blocks: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: Option<usize>,
+    pub enable_prefix_caching: bool,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        EngineSection {
+            preset: "tiny".into(),
+            weights: None,
+            weights_seed: 0,
+            backend: "cpu".into(),
+            block_size: 16,
+            num_kv_blocks: 512,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            max_model_len: None,
+            enable_prefix_caching: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SoakSection {
+    pub iterations: u64,
+    /// Wall-clock length such as "90s", "10m", "2h"; replaces `iterations` when set.
+    pub duration: Option<String>,
+    /// Quiescent points the trend test skips.
+    pub warmup_iterations: u64,
+    /// Timer samples between quiescent points.
+    pub sample_interval_ms: u64,
+    pub seed: u64,
+}
+
+impl Default for SoakSection {
+    fn default() -> Self {
+        SoakSection {
+            iterations: 200,
+            duration: None,
+            warmup_iterations: 20,
+            sample_interval_ms: 1000,
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Phase {
+    Batch(Batch),
+    Pressure(Pressure),
+    Sleep(Sleep),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Batch {
+    pub requests: u32,
+    /// Text; `{i}` or `{i:08}` is the run-wide request counter, `{iter}` the iteration.
+    pub prompt: String,
+    /// Pad the prompt with seeded bytes up to this many tokens.
+    pub prompt_tokens: Option<u32>,
+    /// Tokens shared by every request of the phase (the same in every iteration), before the text.
+    pub shared_prefix_tokens: u32,
+    pub n: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub max_tokens: u32,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<u32>,
+    pub abort: Option<Abort>,
+    /// Invalid requests mixed into the batch; each must be refused.
+    pub invalid: u32,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch {
+            requests: 20,
+            prompt: "Question No.{i:08} Conclude this text in 10 words.".into(),
+            prompt_tokens: None,
+            shared_prefix_tokens: 0,
+            n: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            max_tokens: 16,
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            abort: None,
+            invalid: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Abort {
+    /// Fraction of the phase's requests aborted, in [0, 1].
+    pub fraction: f64,
+    pub stage: Stage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Stage {
+    /// Before it is first scheduled.
+    Waiting,
+    /// After part of its prompt is computed, before its first token.
+    Prefill,
+    /// After it has produced tokens.
+    Decode,
+    /// While preempted back to the waiting queue.
+    Preempted,
+    /// At a seeded random step.
+    Any,
+}
+
+/// Requests whose KV demand exceeds the pool `overcommit` times over, forcing preemption.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Pressure {
+    pub prompt_tokens: u32,
+    pub max_tokens: u32,
+    pub n: u32,
+    pub overcommit: f64,
+    pub abort: Option<Abort>,
+}
+
+impl Default for Pressure {
+    fn default() -> Self {
+        Pressure {
+            prompt_tokens: 96,
+            max_tokens: 32,
+            n: 1,
+            overcommit: 1.5,
+            abort: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sleep {
+    /// 1 releases the KV cache, 2 the weights too.
+    pub level: u8,
+    /// Replace the weights while asleep (new seed each iteration), as an RL trainer does.
+    pub update_weights: bool,
+}
+
+impl Default for Sleep {
+    fn default() -> Self {
+        Sleep {
+            level: 1,
+            update_weights: false,
+        }
+    }
+}
+
+/// A scenario error: where (file:line:column), which field, what, and a suggestion.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}:{line}:{column}: {message}")]
+pub struct ScenarioError {
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+/// Where a value sits in the file: (section, index of a repeated section), key.
+#[derive(Debug, Clone, Copy)]
+struct Place<'a> {
+    section: Option<(&'a str, usize)>,
+    key: &'a str,
+}
+
+pub fn parse_duration_secs(s: &str) -> Result<f64, String> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(
+        s.find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len()),
+    );
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration such as 90s, 10m or 2h"))?;
+    let mult = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("`{s}`: unit must be s, m or h")),
+    };
+    if v <= 0.0 {
+        return Err(format!("`{s}` must be positive"));
+    }
+    Ok(v * mult)
+}
+
+impl Scenario {
+    /// Loads a scenario from a path, or a shipped one by name.
+    pub fn load(arg: &str) -> Result<(Scenario, String), ScenarioError> {
+        let path = Path::new(arg);
+        if !path.exists() {
+            if let Some((_, text)) = SHIPPED.iter().find(|(n, _)| *n == arg) {
+                return Ok((
+                    Scenario::parse(text, &format!("<shipped {arg}>"))?,
+                    format!("<shipped {arg}>"),
+                ));
+            }
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+            file: arg.to_string(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read the scenario: {e}"),
+        })?;
+        Ok((Scenario::parse(&text, arg)?, arg.to_string()))
+    }
+
+    pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
+        let s: Scenario = toml::from_str(text)
+            .map_err(|e| {
+                let (line, column) = e
+                    .span()
+                    .map(|sp| line_col(text, sp.start))
+                    .unwrap_or((0, 0));
+                phase_error(text, line).unwrap_or_else(|| (line, column, explain(e.message())))
+            })
+            .map_err(|(line, column, message)| ScenarioError {
+                file: file.to_string(),
+                line,
+                column,
+                message,
+            })?;
+        s.validate(text, file)?;
+        Ok(s)
+    }
+
+    fn validate(&self, text: &str, file: &str) -> Result<(), ScenarioError> {
+        let fail = |place: Place, message: String| {
+            let line = locate(text, place);
+            let field = match place.section {
+                Some((sec, i)) if sec == "phase" => format!("phase[{i}].{}", place.key),
+                Some((sec, _)) => format!("{sec}.{}", place.key),
+                None => place.key.to_string(),
+            };
+            Err(ScenarioError {
+                file: file.to_string(),
+                line,
+                column: 1,
+                message: format!("{field}: {message}"),
+            })
+        };
+        let top = |key| Place { section: None, key };
+        let eng = |key| Place {
+            section: Some(("engine", 0)),
+            key,
+        };
+        let soak = |key| Place {
+            section: Some(("soak", 0)),
+            key,
+        };
+        if self.name.trim().is_empty() {
+            return fail(top("name"), "must not be empty".into());
+        }
+        if self.phases.is_empty() {
+            return fail(
+                top("phase"),
+                "a scenario needs at least one [[phase]]".into(),
+            );
+        }
+        let e = &self.engine;
+        if !["cpu", "cuda", "auto"].contains(&e.backend.as_str()) {
+            return fail(
+                eng("backend"),
+                format!("`{}` is not one of cpu, cuda, auto", e.backend),
+            );
+        }
+        if e.weights.is_none() {
+            if let Err(err) = plateau_engine::ModelConfig::preset(&e.preset) {
+                return fail(eng("preset"), err.to_string());
+            }
+        }
+        for (key, v) in [
+            ("block_size", e.block_size),
+            ("num_kv_blocks", e.num_kv_blocks),
+            ("max_num_seqs", e.max_num_seqs),
+            ("max_num_batched_tokens", e.max_num_batched_tokens),
+        ] {
+            if v == 0 {
+                return fail(eng(key), "must be at least 1".into());
+            }
+        }
+        if self.soak.iterations == 0 {
+            return fail(soak("iterations"), "must be at least 1".into());
+        }
+        if let Some(d) = &self.soak.duration {
+            if let Err(m) = parse_duration_secs(d) {
+                return fail(soak("duration"), m);
+            }
+        }
+        for (i, p) in self.phases.iter().enumerate() {
+            let at = |key| Place {
+                section: Some(("phase", i)),
+                key,
+            };
+            let check_sampling = |n: u32, max_tokens: u32| {
+                if n == 0 {
+                    return fail(at("n"), "must be at least 1".into());
+                }
+                if n as usize > e.max_num_seqs {
+                    return fail(
+                        at("n"),
+                        format!("{n} exceeds engine.max_num_seqs = {}", e.max_num_seqs),
+                    );
+                }
+                if max_tokens == 0 {
+                    return fail(at("max_tokens"), "must be at least 1".into());
+                }
+                Ok(())
+            };
+            let check_abort = |a: &Option<Abort>| match a {
+                Some(a) if !(0.0..=1.0).contains(&a.fraction) => {
+                    fail(at("fraction"), format!("{} is outside [0, 1]", a.fraction))
+                }
+                _ => Ok(()),
+            };
+            match p {
+                Phase::Batch(b) => {
+                    check_sampling(b.n, b.max_tokens)?;
+                    check_abort(&b.abort)?;
+                    if b.requests == 0 {
+                        return fail(at("requests"), "must be at least 1".into());
+                    }
+                    if !(b.top_p > 0.0 && b.top_p <= 1.0) {
+                        return fail(at("top_p"), format!("{} is outside (0, 1]", b.top_p));
+                    }
+                    if !(b.temperature >= 0.0) {
+                        return fail(at("temperature"), format!("{} must be >= 0", b.temperature));
+                    }
+                }
+                Phase::Pressure(pr) => {
+                    check_sampling(pr.n, pr.max_tokens)?;
+                    check_abort(&pr.abort)?;
+                    if pr.prompt_tokens == 0 {
+                        return fail(at("prompt_tokens"), "must be at least 1".into());
+                    }
+                    if !(pr.overcommit > 1.0 && pr.overcommit <= 10.0) {
+                        return fail(
+                            at("overcommit"),
+                            format!("{} is outside (1, 10]", pr.overcommit),
+                        );
+                    }
+                    let need = (pr.prompt_tokens + pr.max_tokens) as usize;
+                    if need.div_ceil(e.block_size) > e.num_kv_blocks {
+                        return fail(
+                            at("prompt_tokens"),
+                            "one request alone needs more than the whole KV pool".into(),
+                        );
+                    }
+                }
+                Phase::Sleep(s) => {
+                    if !(1..=2).contains(&s.level) {
+                        return fail(at("level"), format!("{} is not 1 or 2", s.level));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A phase is read through its `kind` tag, which hides where in the phase an error is. When
+/// `line` falls in a `[[phase]]`, that phase's body alone is read again as its own kind, with
+/// the `kind` line blanked so line numbers stay, to find the exact line, column and field.
+fn phase_error(text: &str, line: usize) -> Option<(usize, usize, String)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = (0..line.min(lines.len()))
+        .rev()
+        .find(|&i| lines[i].trim().starts_with('['))?;
+    if lines[start].trim() != "[[phase]]" {
+        return None;
+    }
+    let end = (start + 1..lines.len())
+        .find(|&i| lines[i].trim().starts_with('['))
+        .unwrap_or(lines.len());
+    let mut kind = None;
+    let mut body = String::new();
+    for (i, l) in lines.iter().enumerate() {
+        let in_phase = i > start && i < end;
+        let is_kind = in_phase && l.split('=').next().is_some_and(|k| k.trim() == "kind");
+        if is_kind {
+            kind = l
+                .split_once('=')
+                .map(|(_, v)| v.trim().trim_matches('"').to_string());
+        }
+        body.push_str(if in_phase && !is_kind { l } else { "" });
+        body.push('\n');
+    }
+    let err = match kind.as_deref()? {
+        "batch" => toml::from_str::<Batch>(&body).err(),
+        "pressure" => toml::from_str::<Pressure>(&body).err(),
+        "sleep" => toml::from_str::<Sleep>(&body).err(),
+        _ => None,
+    }?;
+    let (l, c) = err
+        .span()
+        .map(|sp| line_col(&body, sp.start))
+        .unwrap_or((start + 1, 1));
+    let key = lines
+        .get(l - 1)
+        .and_then(|t| t.split('=').next())
+        .map(str::trim)
+        .unwrap_or("");
+    let index = lines[..start]
+        .iter()
+        .filter(|t| t.trim() == "[[phase]]")
+        .count();
+    let msg = explain(err.message());
+    let field = if key.is_empty() || msg.contains('`') {
+        String::new()
+    } else {
+        format!("phase[{index}].{key}: ")
+    };
+    Some((l, c, format!("{field}{msg}")))
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, column)
+}
+
+/// The line of `place.key` in its section (1-based), or of the section header, or 0.
+fn locate(text: &str, place: Place) -> usize {
+    let mut in_section = place.section.is_none();
+    let mut seen = 0usize;
+    let mut header_line = 0;
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.starts_with('[') {
+            let name = line.trim_matches(|c| c == '[' || c == ']').trim();
+            in_section = match place.section {
+                Some((sec, idx)) if name == sec => {
+                    let hit = seen == idx;
+                    seen += 1;
+                    if hit {
+                        header_line = i + 1;
+                    }
+                    hit
+                }
+                _ => false,
+            };
+            continue;
+        }
+        if in_section {
+            if let Some(k) = line.split('=').next() {
+                if k.trim() == place.key {
+                    return i + 1;
+                }
+            }
+        }
+    }
+    header_line
+}
+
+/// Rewrites serde's message, adding the closest known name to an unknown one.
+fn explain(msg: &str) -> String {
+    let msg = msg.trim();
+    let names: Vec<&str> = msg.split('`').skip(1).step_by(2).collect();
+    if (msg.starts_with("unknown field") || msg.starts_with("unknown variant")) && names.len() >= 2
+    {
+        let (unknown, known) = (names[0], &names[1..]);
+        let what = if msg.starts_with("unknown field") {
+            "field"
+        } else {
+            "value"
+        };
+        if let Some(best) = closest(unknown, known) {
+            return format!(
+                "unknown {what} `{unknown}`; did you mean `{best}`? (known: {})",
+                known.join(", ")
+            );
+        }
+        return format!("unknown {what} `{unknown}` (known: {})", known.join(", "));
+    }
+    msg.to_string()
+}
+
+/// The known name nearest to `word` by edit distance, if it is near enough to be a typo.
+pub fn closest<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (levenshtein(word, k), *k))
+        .filter(|(d, k)| *d <= (k.len().max(word.len()) / 3).max(2))
+        .min()
+        .map(|(_, k)| k)
+}
+
+fn levenshtein(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for j in 0..b.len() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != b[j]))
+                .min(row[j] + 1)
+                .min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_scenarios_parse() {
+        for (name, text) in SHIPPED {
+            let s = Scenario::parse(text, name).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(s.name, name);
+        }
+    }
+
+    #[test]
+    fn typo_names_line_field_and_closest() {
+        let text = "name = \"x\"\ndescription = \"d\"\n[engine]\nnum_kv_blockz = 3\n[[phase]]\nkind = \"batch\"\n";
+        let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
+        assert!(e.starts_with("f.toml:4:"), "{e}");
+        assert!(
+            e.contains("`num_kv_blockz`") && e.contains("did you mean `num_kv_blocks`"),
+            "{e}"
+        );
+        let text = "name = \"x\"\ndescription = \"d\"\n[[phase]]\nkind = \"bacth\"\n";
+        let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
+        assert!(e.contains("did you mean `batch`"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_and_impossible_values() {
+        let text = "name = \"x\"\ndescription = \"d\"\n[[phase]]\nkind = \"batch\"\nn = \"two\"\n";
+        let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
+        assert!(e.starts_with("f.toml:5:"), "{e}");
+        let text = "name = \"x\"\ndescription = \"d\"\n[[phase]]\nkind = \"sleep\"\n[[phase]]\nkind = \"batch\"\ntop_p = 1.5\n";
+        let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
+        assert_eq!(e, "f.toml:7:1: phase[1].top_p: 1.5 is outside (0, 1]");
+        let text = "name = \"x\"\ndescription = \"d\"\n[soak]\niterations = 0\n[[phase]]\nkind = \"batch\"\n";
+        let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
+        assert_eq!(e, "f.toml:4:1: soak.iterations: must be at least 1");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_secs("10m"), Ok(600.0));
+        assert_eq!(parse_duration_secs("1.5h"), Ok(5400.0));
+        assert!(parse_duration_secs("10 parsecs").is_err());
+        assert!(parse_duration_secs("0s").is_err());
+    }
+}
