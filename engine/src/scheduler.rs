@@ -113,7 +113,21 @@ impl Engine {
                     });
                     budget -= len;
                 }
-                Err(_) => break,
+                Err(e) => {
+                    if self.running.is_empty() && out.chunks.is_empty() {
+                        // Nothing runs that could ever free a block: waiting would never end.
+                        let request = s.request;
+                        if let Some(r) = self.requests.get_mut(&request) {
+                            r.error = Some(format!(
+                                "KV cache exhausted: the prompt needs {} blocks, {} are free and no sequence is running",
+                                e.needed, e.available
+                            ));
+                        }
+                        self.finish_seq(sid, FinishReason::Error);
+                        continue;
+                    }
+                    break;
+                }
             }
         }
         out

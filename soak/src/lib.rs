@@ -6,5 +6,10 @@
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+pub mod analysis;
 pub mod detector;
+pub mod driver;
+pub mod probes;
 pub mod scenario;
+pub mod selftest;
+pub mod workload;

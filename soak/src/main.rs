@@ -1,1 +1,338 @@
-fn main() {}
+//! The `plateau` command. Exit codes, for every subcommand: 0 pass; 1 growth or leak detected;
+//! 2 usage or input error; 3 the engine or the harness itself failed.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use plateau_engine::{Injection, Injections};
+use plateau_soak::analysis::{describe, judge_file, write_outputs};
+use plateau_soak::detector::DetectorConfig;
+use plateau_soak::driver::{self, Progress, RunError, RunOptions};
+use plateau_soak::scenario::{Scenario, SHIPPED};
+
+const PASS: u8 = 0;
+const LEAK: u8 = 1;
+const USAGE: u8 = 2;
+const HARNESS: u8 = 3;
+
+#[derive(Parser)]
+#[command(
+    name = "plateau",
+    version,
+    about = "Soak-test an LLM inference engine and fail on memory growth that does not level off",
+    long_about = "plateau drives its engine through a scenario script, again and again, samples jemalloc, \
+the kernel's view of the process and every engine registry, and fails the run on growth that does \
+not level off.\n\nExit codes: 0 pass; 1 growth or leak detected; 2 usage or input error; \
+3 the engine or the harness itself failed."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a soak: SCENARIO is a .toml file or the name of a shipped scenario (see `plateau list`).
+    Run {
+        scenario: String,
+        /// cpu, cuda or auto (default: the scenario's).
+        #[arg(long)]
+        backend: Option<String>,
+        /// Seed of the workload and of requests' sampling (default: the scenario's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Iterations to run (default: the scenario's).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "duration")]
+        iterations: Option<u64>,
+        /// Run for a wall-clock time instead: 90s, 10m, 2h.
+        #[arg(long)]
+        duration: Option<String>,
+        /// Switch on a leak injection (repeatable; see `plateau list`).
+        #[arg(long = "inject", value_name = "NAME")]
+        inject: Vec<Injection>,
+        /// Output directory (default: runs/<scenario>-<time>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Timer samples between quiescent points, in ms; 0 samples only at quiescent points.
+        #[arg(long)]
+        sample_interval_ms: Option<u64>,
+        /// No progress output.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Run the detector alone on a samples.jsonl file (from plateau or anything writing v1).
+    Analyze {
+        samples: PathBuf,
+        /// Where to write verdict.json and plots (default: next to the samples).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Quiescent iterations to skip before trend tests (default: the header's, else a fifth).
+        #[arg(long)]
+        warmup: Option<u64>,
+    },
+    /// List the shipped scenarios and the leak injections.
+    List,
+    /// Prove the harness's power: every injection caught, every clean scenario passing.
+    Selftest {
+        /// Shorter runs (under 5 minutes on 2 cores).
+        #[arg(long)]
+        quick: bool,
+        /// Keep the runs in this directory (default: a temporary one, removed on success).
+        #[arg(long)]
+        keep: Option<PathBuf>,
+    },
+    /// Redraw a run's verdict and plots from its samples, optionally against a baseline run.
+    Report {
+        run_dir: PathBuf,
+        #[arg(long)]
+        baseline: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match std::panic::catch_unwind(move || dispatch(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(_) => {
+            eprintln!("plateau: internal error (see the message above); this is a bug in plateau");
+            ExitCode::from(HARNESS)
+        }
+    }
+}
+
+fn dispatch(cli: Cli) -> u8 {
+    match cli.command {
+        Cmd::Run {
+            scenario,
+            backend,
+            seed,
+            iterations,
+            duration,
+            inject,
+            out,
+            sample_interval_ms,
+            quiet,
+        } => {
+            let (s, _) = match Scenario::load(&scenario) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("plateau: {e}");
+                    return USAGE;
+                }
+            };
+            let interrupt = Arc::new(AtomicBool::new(false));
+            let flag = Arc::clone(&interrupt);
+            // A second handler cannot be installed (selftest children run in their own process).
+            let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
+            let out_dir = out.unwrap_or_else(|| {
+                PathBuf::from("runs").join(format!("{}-{}", s.name, timestamp()))
+            });
+            let opts = RunOptions {
+                iterations,
+                duration,
+                seed,
+                injections: inject.into_iter().collect::<Injections>(),
+                backend,
+                out_dir,
+                sample_interval_ms,
+                progress: if quiet {
+                    Progress::Quiet
+                } else {
+                    Progress::detect()
+                },
+                interrupt,
+            };
+            match driver::run(&s, &opts) {
+                Ok(r) => {
+                    eprint!("{}", describe(&r.verdict));
+                    eprintln!(
+                        "plateau: {} iterations in {:.1} s ({} aborted, {} abort targets ended first, {} invalid requests refused); results in {}",
+                        r.iterations,
+                        r.wall_secs,
+                        r.aborts.aborted,
+                        r.aborts.missed,
+                        r.aborts.invalid_refused,
+                        r.out_dir.display()
+                    );
+                    if r.verdict.failed() {
+                        let inj: String = r
+                            .verdict
+                            .injections
+                            .iter()
+                            .map(|i| format!(" --inject {i}"))
+                            .collect();
+                        eprintln!(
+                            "plateau: reproduce with: plateau run {scenario} --seed {} --iterations {}{inj}",
+                            r.verdict.seed, r.iterations
+                        );
+                        LEAK
+                    } else if r.interrupted {
+                        eprintln!("plateau: interrupted: the verdict is incomplete");
+                        HARNESS
+                    } else {
+                        PASS
+                    }
+                }
+                Err(RunError::Input(m)) => {
+                    eprintln!("plateau: {m}");
+                    USAGE
+                }
+                Err(RunError::Harness(m)) => {
+                    eprintln!("plateau: {m}");
+                    HARNESS
+                }
+            }
+        }
+        Cmd::Analyze {
+            samples,
+            out,
+            warmup,
+        } => {
+            let cfg = warmup.map(|w| DetectorConfig {
+                warmup_iterations: w,
+                ..DetectorConfig::default()
+            });
+            let (s, v) = match judge_file(&samples, cfg, false) {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!("plateau: {e}");
+                    return USAGE;
+                }
+            };
+            let dir =
+                out.unwrap_or_else(|| samples.parent().map(Path::to_path_buf).unwrap_or_default());
+            if let Err(e) = write_outputs(&dir, &s, &v) {
+                eprintln!("plateau: {}: {e}", dir.display());
+                return HARNESS;
+            }
+            eprint!("{}", describe(&v));
+            if v.failed() {
+                LEAK
+            } else {
+                PASS
+            }
+        }
+        Cmd::List => {
+            println!("scenarios:");
+            for (name, text) in SHIPPED {
+                let d = Scenario::parse(text, name)
+                    .map(|s| s.description)
+                    .unwrap_or_else(|e| e.to_string());
+                println!("  {name:<28} {d}");
+            }
+            println!("injections:");
+            for i in Injection::ALL {
+                println!("  {:<28} {}", i.name(), i.description());
+            }
+            PASS
+        }
+        Cmd::Selftest { quick, keep } => {
+            let exe = match std::env::current_exe() {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("plateau: cannot find my own binary: {e}");
+                    return HARNESS;
+                }
+            };
+            let root = keep.clone().unwrap_or_else(|| {
+                std::env::temp_dir().join(format!("plateau-selftest-{}", std::process::id()))
+            });
+            match plateau_soak::selftest::run(quick, &exe, &root) {
+                Ok(0) => {
+                    if keep.is_none() {
+                        let _ = std::fs::remove_dir_all(&root);
+                    }
+                    PASS
+                }
+                Ok(_) => {
+                    eprintln!("plateau: selftest failed; runs kept in {}", root.display());
+                    LEAK
+                }
+                Err(e) => {
+                    eprintln!("plateau: {e}");
+                    HARNESS
+                }
+            }
+        }
+        Cmd::Report { run_dir, baseline } => report(&run_dir, baseline.as_deref()),
+    }
+}
+
+fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
+    let load = |dir: &Path| judge_file(&dir.join("samples.jsonl"), None, false);
+    let (s, v) = match load(run_dir) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("plateau: {e}");
+            return USAGE;
+        }
+    };
+    if let Err(e) = write_outputs(run_dir, &s, &v) {
+        eprintln!("plateau: {}: {e}", run_dir.display());
+        return HARNESS;
+    }
+    print!("{}", describe(&v));
+    if let Some(b) = baseline {
+        let (_, bv) = match load(b) {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("plateau: baseline: {e}");
+                return USAGE;
+            }
+        };
+        println!(
+            "{:<32} {:>18} {:>18}",
+            "gauge (slope per iteration)", "baseline", "this run"
+        );
+        for m in v.metrics.iter().filter(|m| m.trend.is_some()) {
+            let theirs = bv
+                .metrics
+                .iter()
+                .find(|x| x.name == m.name)
+                .and_then(|x| x.trend.as_ref());
+            let fmt = |t: Option<&plateau_reports::Trend>| {
+                t.map(|t| format!("{:.1}", t.slope_per_iter))
+                    .unwrap_or("-".into())
+            };
+            println!(
+                "{:<32} {:>18} {:>18}",
+                m.name,
+                fmt(theirs),
+                fmt(m.trend.as_ref())
+            );
+        }
+    }
+    if v.failed() {
+        LEAK
+    } else {
+        PASS
+    }
+}
+
+/// UTC time as YYYYmmdd-HHMMSS, for default run directories.
+fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}

@@ -1,0 +1,478 @@
+//! The soak driver: the imperative shell that runs a scenario against a real engine in real time.
+//!
+//! A run: build the engine, write the samples header, take a baseline sample, then iteration by
+//! iteration run every phase and drain the engine (no request in flight anywhere), take a
+//! quiescent sample, and go on until the iteration count or the duration is reached or Ctrl-C
+//! arrives. Between engine steps a timer sample is taken every `sample_interval_ms`. Samples go
+//! straight to samples.jsonl through a fixed buffer: the harness keeps no growing state of its own,
+//! so its memory cannot pass for the engine's. The detector then reads the file back.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use plateau_engine::{AbortOutcome, Engine, EngineConfig, Injections, RequestStage, WeightSource};
+use plateau_reports::{Header, SampleLine, Verdict, SAMPLES_SCHEMA};
+
+use crate::analysis::{judge_file, write_outputs, MappingSnapshots};
+use crate::detector::DetectorConfig;
+use crate::probes::{sample_engine, spec_of, ProcessProbes};
+use crate::scenario::{parse_duration_secs, Abort, Phase, Scenario, Stage};
+use crate::workload::{rng_for, Workload};
+
+/// Engine steps one phase may take before the run is declared stuck.
+const MAX_STEPS_PER_PHASE: u64 = 1_000_000;
+/// Iterations a duration-bound run may take at most.
+const MAX_ITERATIONS: u64 = 100_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// A progress bar (a terminal).
+    Bar,
+    /// Plain lines every few seconds (CI, pipes).
+    Lines,
+    Quiet,
+}
+
+impl Progress {
+    pub fn detect() -> Progress {
+        if std::io::stderr().is_terminal() {
+            Progress::Bar
+        } else {
+            Progress::Lines
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub iterations: Option<u64>,
+    pub duration: Option<String>,
+    pub seed: Option<u64>,
+    pub injections: Injections,
+    pub backend: Option<String>,
+    pub out_dir: PathBuf,
+    pub sample_interval_ms: Option<u64>,
+    pub progress: Progress,
+    pub interrupt: Arc<AtomicBool>,
+}
+
+/// Why a run could not produce a verdict: bad input (exit 2) or the engine/harness failed (exit 3).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    Input(String),
+    #[error("{0}")]
+    Harness(String),
+}
+
+pub struct RunResult {
+    pub verdict: Verdict,
+    pub out_dir: PathBuf,
+    pub interrupted: bool,
+    pub iterations: u64,
+    pub wall_secs: f64,
+    pub aborts: AbortCounts,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AbortCounts {
+    pub aborted: u64,
+    /// Targets that ended before reaching the stage they were to be aborted at.
+    pub missed: u64,
+    pub invalid_refused: u64,
+}
+
+/// Builds the engine a scenario describes.
+pub fn build_engine(
+    s: &Scenario,
+    backend: &str,
+    injections: Injections,
+    seed: u64,
+) -> Result<Engine, RunError> {
+    match backend {
+        "cpu" | "auto" => {}
+        "cuda" => {
+            return Err(RunError::Input(
+                "backend cuda: no CUDA backend in this build (the CUDA backend is not implemented yet); use --backend cpu".into(),
+            ))
+        }
+        other => return Err(RunError::Input(format!("backend `{other}` is not one of cpu, cuda, auto"))),
+    }
+    let e = &s.engine;
+    let model = match &e.weights {
+        Some(dir) => WeightSource::Dir(dir.clone()),
+        None => WeightSource::Preset {
+            name: e.preset.clone(),
+            seed: e.weights_seed,
+        },
+    };
+    let config = EngineConfig {
+        model,
+        block_size: e.block_size,
+        num_kv_blocks: e.num_kv_blocks,
+        max_num_seqs: e.max_num_seqs,
+        max_num_batched_tokens: e.max_num_batched_tokens,
+        max_model_len: e.max_model_len,
+        enable_prefix_caching: e.enable_prefix_caching,
+        seed,
+        injections,
+    };
+    Engine::new(config).map_err(|err| RunError::Input(format!("engine: {err}")))
+}
+
+struct Driver<'a> {
+    scenario: &'a Scenario,
+    engine: Engine,
+    workload: Workload,
+    probes: ProcessProbes,
+    out: BufWriter<File>,
+    samples_path: PathBuf,
+    start: Instant,
+    last_sample: Instant,
+    interval: Option<Duration>,
+    iter: u64,
+    interrupt: Arc<AtomicBool>,
+    accounting: Option<String>,
+    aborts: AbortCounts,
+    rss_bytes: f64,
+}
+
+impl Driver<'_> {
+    fn sample(&mut self, quiescent: bool) -> Result<(), RunError> {
+        let mut values = BTreeMap::new();
+        let mut cost_us = BTreeMap::new();
+        self.probes.sample("", quiescent, &mut values, &mut cost_us);
+        let t0 = Instant::now();
+        let stats = self.engine.stats();
+        sample_engine(&stats, "", &mut values);
+        cost_us.insert("engine".into(), t0.elapsed().as_secs_f64() * 1e6);
+        if quiescent && self.accounting.is_none() {
+            if let Err(v) = self.engine.check_idle() {
+                self.accounting = Some(
+                    v.iter()
+                        .map(|x| x.metric.clone())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                );
+            }
+        }
+        self.rss_bytes = values.get("proc.rss").copied().unwrap_or(0.0);
+        let line = SampleLine {
+            t: self.start.elapsed().as_secs_f64(),
+            iter: self.iter,
+            quiescent,
+            values,
+            cost_us,
+        };
+        serde_json::to_writer(&mut self.out, &line).map_err(|e| self.io_err(e.into()))?;
+        self.out.write_all(b"\n").map_err(|e| self.io_err(e))?;
+        self.last_sample = Instant::now();
+        Ok(())
+    }
+
+    fn io_err(&self, e: std::io::Error) -> RunError {
+        RunError::Harness(format!("{}: {e}", self.samples_path.display()))
+    }
+
+    fn engine_err(&self, what: &str, e: impl std::fmt::Display) -> RunError {
+        RunError::Harness(format!(
+            "engine failed at iteration {} ({what}): {e}",
+            self.iter + 1
+        ))
+    }
+
+    /// Steps the engine until nothing is in flight, aborting `targets` when they reach their stage.
+    fn drive(&mut self, mut targets: Vec<(u64, Stage, u64)>) -> Result<(), RunError> {
+        for step in 0..MAX_STEPS_PER_PHASE {
+            let engine = &mut self.engine;
+            let counts = &mut self.aborts;
+            targets.retain(|&(id, stage, trigger)| {
+                let Some(now) = engine.stage(id) else {
+                    counts.missed += 1;
+                    return false;
+                };
+                let hit = match stage {
+                    Stage::Waiting => now == RequestStage::Waiting,
+                    Stage::Prefill => now == RequestStage::Prefill,
+                    Stage::Decode => now == RequestStage::Decode,
+                    Stage::Preempted => now == RequestStage::Preempted,
+                    Stage::Any => step >= trigger,
+                };
+                if hit {
+                    if engine.abort(id) == AbortOutcome::Aborted {
+                        counts.aborted += 1;
+                    }
+                    return false;
+                }
+                true
+            });
+            if !self.engine.has_unfinished() {
+                self.aborts.missed += targets.len() as u64;
+                return Ok(());
+            }
+            self.engine.step().map_err(|e| self.engine_err("step", e))?;
+            if self
+                .interval
+                .is_some_and(|i| self.last_sample.elapsed() >= i)
+            {
+                self.sample(false)?;
+            }
+        }
+        Err(RunError::Harness(format!(
+            "iteration {}: the engine did not drain within {MAX_STEPS_PER_PHASE} steps",
+            self.iter + 1
+        )))
+    }
+
+    fn targets(&self, ids: &[u64], abort: &Option<Abort>, phase: usize) -> Vec<(u64, Stage, u64)> {
+        let Some(a) = abort else { return Vec::new() };
+        let mut rng = rng_for(&[self.workload.seed, self.iter, phase as u64, 0x7a]);
+        self.workload
+            .abort_targets(ids, a.fraction, self.iter, phase)
+            .into_iter()
+            .map(|id| (id, a.stage, rand_core::RngCore::next_u64(&mut rng) % 8))
+            .collect()
+    }
+
+    fn run_phase(&mut self, index: usize, phase: &Phase) -> Result<(), RunError> {
+        let iter = self.iter + 1;
+        match phase {
+            Phase::Batch(b) => {
+                let reqs = self.workload.batch(index, b, iter);
+                let ids: Vec<u64> = reqs.iter().map(|r| r.id).collect();
+                let vocab = self.engine.model_config().vocab_size;
+                let mut invalid = (0..b.invalid as u64)
+                    .map(|k| self.workload.invalid(k + iter, vocab))
+                    .collect::<Vec<_>>();
+                for (k, r) in reqs.into_iter().enumerate() {
+                    self.engine
+                        .add_request(r)
+                        .map_err(|e| self.engine_err("add_request", e))?;
+                    // Invalid requests are spread through the batch.
+                    if k % 4 == 1 {
+                        if let Some((bad, what)) = invalid.pop() {
+                            self.refuse(bad, what)?;
+                        }
+                    }
+                }
+                for (bad, what) in invalid {
+                    self.refuse(bad, what)?;
+                }
+                let targets = self.targets(&ids, &b.abort, index);
+                self.drive(targets)
+            }
+            Phase::Pressure(p) => {
+                let c = self.engine.config();
+                let pool_tokens = c.num_kv_blocks * c.block_size;
+                let reqs = self.workload.pressure(p, pool_tokens, c.max_num_seqs);
+                let ids: Vec<u64> = reqs.iter().map(|r| r.id).collect();
+                for r in reqs {
+                    self.engine
+                        .add_request(r)
+                        .map_err(|e| self.engine_err("add_request", e))?;
+                }
+                let targets = self.targets(&ids, &p.abort, index);
+                self.drive(targets)
+            }
+            Phase::Sleep(s) => {
+                self.engine
+                    .sleep(s.level)
+                    .map_err(|e| self.engine_err("sleep", e))?;
+                if s.update_weights {
+                    let source = match &self.scenario.engine.weights {
+                        Some(dir) => WeightSource::Dir(dir.clone()),
+                        None => WeightSource::Preset {
+                            name: self.scenario.engine.preset.clone(),
+                            seed: self.scenario.engine.weights_seed.wrapping_add(iter),
+                        },
+                    };
+                    self.engine
+                        .update_weights(source)
+                        .map_err(|e| self.engine_err("update_weights", e))?;
+                }
+                self.engine.wake().map_err(|e| self.engine_err("wake", e))
+            }
+        }
+    }
+
+    fn refuse(&mut self, bad: plateau_engine::Request, what: &str) -> Result<(), RunError> {
+        match self.engine.add_request(bad) {
+            Err(_) => {
+                self.aborts.invalid_refused += 1;
+                Ok(())
+            }
+            Ok(()) => Err(RunError::Harness(format!(
+                "the engine accepted an invalid request ({what})"
+            ))),
+        }
+    }
+}
+
+/// Runs a soak and judges it. The samples are complete on disk before the verdict is drawn.
+pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError> {
+    let iterations = opts.iterations.unwrap_or(scenario.soak.iterations);
+    if iterations == 0 {
+        return Err(RunError::Input("--iterations must be at least 1".into()));
+    }
+    let duration = match opts.duration.as_ref().or(scenario.soak.duration.as_ref()) {
+        Some(d) => Some(Duration::from_secs_f64(
+            parse_duration_secs(d).map_err(|m| RunError::Input(format!("--duration: {m}")))?,
+        )),
+        None => None,
+    };
+    let limit = if duration.is_some() && opts.iterations.is_none() {
+        MAX_ITERATIONS
+    } else {
+        iterations
+    };
+    let seed = opts.seed.unwrap_or(scenario.soak.seed);
+    let backend = opts
+        .backend
+        .clone()
+        .unwrap_or_else(|| scenario.engine.backend.clone());
+    let engine = build_engine(scenario, &backend, opts.injections.clone(), seed)?;
+    std::fs::create_dir_all(&opts.out_dir)
+        .map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
+    let samples_path = opts.out_dir.join("samples.jsonl");
+    let file = File::create(&samples_path)
+        .map_err(|e| RunError::Input(format!("{}: {e}", samples_path.display())))?;
+    let warmup = scenario.soak.warmup_iterations.min(limit / 2);
+    let mut metrics = ProcessProbes::specs("");
+    for m in engine.stats() {
+        metrics.insert(m.name.clone(), spec_of(&m));
+    }
+    let header = Header {
+        schema: SAMPLES_SCHEMA.into(),
+        scenario: scenario.name.clone(),
+        seed,
+        backend: engine.backend_name().into(),
+        metrics,
+        warmup_iterations: Some(warmup),
+        injections: opts
+            .injections
+            .iter()
+            .map(|i| i.name().to_string())
+            .collect(),
+    };
+    let mut out = BufWriter::with_capacity(64 * 1024, file);
+    serde_json::to_writer(&mut out, &header).map_err(|e| RunError::Harness(e.to_string()))?;
+    out.write_all(b"\n")
+        .map_err(|e| RunError::Harness(e.to_string()))?;
+    let interval_ms = opts
+        .sample_interval_ms
+        .unwrap_or(scenario.soak.sample_interval_ms);
+    let now = Instant::now();
+    let mut d = Driver {
+        scenario,
+        engine,
+        workload: Workload::new(seed),
+        probes: ProcessProbes::new(),
+        out,
+        samples_path: samples_path.clone(),
+        start: now,
+        last_sample: now,
+        interval: (interval_ms > 0).then(|| Duration::from_millis(interval_ms)),
+        iter: 0,
+        interrupt: Arc::clone(&opts.interrupt),
+        accounting: None,
+        aborts: AbortCounts::default(),
+        rss_bytes: 0.0,
+    };
+    let bar = (opts.progress == Progress::Bar).then(|| {
+        let pb = if limit == MAX_ITERATIONS {
+            indicatif::ProgressBar::new_spinner()
+        } else {
+            indicatif::ProgressBar::new(limit)
+        };
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} {pos}/{len} iterations [{elapsed_precise}] {msg}",
+            )
+            .expect("static template"),
+        );
+        pb
+    });
+    let mut snapshots = MappingSnapshots::default();
+    let mut last_line = Instant::now();
+    d.sample(true)?;
+    let mut interrupted = false;
+    for iter in 1..=limit {
+        if duration.is_some_and(|dur| d.start.elapsed() >= dur) {
+            break;
+        }
+        for (i, phase) in scenario.phases.iter().enumerate() {
+            d.run_phase(i, phase)?;
+            if d.interrupt.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        d.drive(Vec::new())?;
+        d.iter = iter;
+        d.sample(true)?;
+        if iter == warmup.max(1) {
+            snapshots.start_iter = iter;
+            snapshots.start = MappingSnapshots::group(&d.probes.anon_mappings());
+        }
+        let status = match &d.accounting {
+            None => "accounting ok".to_string(),
+            Some(names) => format!("accounting FAIL: {names}"),
+        };
+        let msg = format!("rss {:.1} MiB, {status}", d.rss_bytes / 1024.0 / 1024.0);
+        match (&bar, opts.progress) {
+            (Some(pb), _) => {
+                pb.set_position(iter);
+                pb.set_message(msg);
+            }
+            (None, Progress::Lines)
+                if last_line.elapsed() >= Duration::from_secs(10) || iter == limit =>
+            {
+                eprintln!(
+                    "plateau: iteration {iter}/{limit}, {:.1} s, {msg}",
+                    d.start.elapsed().as_secs_f64()
+                );
+                last_line = Instant::now();
+            }
+            _ => {}
+        }
+        if d.interrupt.load(Ordering::Relaxed) {
+            interrupted = true;
+            break;
+        }
+    }
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
+    snapshots.end_iter = d.iter;
+    snapshots.end = MappingSnapshots::group(&d.probes.anon_mappings());
+    d.out.flush().map_err(|e| d.io_err(e))?;
+    let wall_secs = d.start.elapsed().as_secs_f64();
+    let (iterations_done, aborts) = (d.iter, d.aborts);
+    drop(d);
+    write_json(&opts.out_dir.join("mappings.json"), &snapshots)?;
+    let cfg = DetectorConfig {
+        warmup_iterations: warmup,
+        ..DetectorConfig::default()
+    };
+    let (samples, verdict) = judge_file(&samples_path, Some(cfg), interrupted)
+        .map_err(|e| RunError::Harness(format!("reading back: {e}")))?;
+    write_outputs(&opts.out_dir, &samples, &verdict)
+        .map_err(|e| RunError::Harness(format!("{}: {e}", opts.out_dir.display())))?;
+    Ok(RunResult {
+        verdict,
+        out_dir: opts.out_dir.clone(),
+        interrupted,
+        iterations: iterations_done,
+        wall_secs,
+        aborts,
+    })
+}
+
+fn write_json(path: &Path, v: &impl serde::Serialize) -> Result<(), RunError> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| RunError::Harness(e.to_string()))?;
+    std::fs::write(path, text).map_err(|e| RunError::Harness(format!("{}: {e}", path.display())))
+}
