@@ -5,8 +5,9 @@ default: test
 build:
     cargo build --release --workspace
 
+# The README's test command: tests, then the harness's selftest.
 test:
-    cargo test --workspace --release
+    cargo test --workspace --release && cargo run --release -p plateau-soak -- selftest --quick
 
 fmt:
     cargo fmt --all
@@ -17,6 +18,18 @@ lint:
 
 bench:
     cargo bench --workspace
+
+# A soak run: just soak scenarios/mixed.toml --duration 10m
+soak SCENARIO *ARGS:
+    cargo run --release -p plateau-soak -- run {{SCENARIO}} {{ARGS}}
+
+selftest:
+    cargo run --release -p plateau-soak -- selftest
+
+# The nightly job: every shipped scenario at full length, then the full selftest.
+nightly:
+    for s in n-sampling aborts rl-rollout prefill-only mixed; do cargo run --release -p plateau-soak -- run $s || exit $?; done
+    cargo run --release -p plateau-soak -- selftest
 
 generate *ARGS:
     cargo run --release -p plateau-engine --example generate -- {{ARGS}}

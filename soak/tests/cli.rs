@@ -1,0 +1,237 @@
+//! The `plateau` command as users and CI run it: exit codes, files, and error messages.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn plateau(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_plateau"))
+        .args(args)
+        .output()
+        .expect("run plateau")
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("plateau-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn scenario(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scenarios")
+        .join(format!("{name}.toml"))
+        .display()
+        .to_string()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn verdict(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("verdict.json")).expect("verdict.json"))
+        .expect("json")
+}
+
+#[test]
+fn clean_run_passes_and_writes_its_files() {
+    let d = tmp("clean");
+    let o = plateau(&[
+        "run",
+        &scenario("n-sampling"),
+        "--iterations",
+        "30",
+        "--out",
+        d.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for f in [
+        "samples.jsonl",
+        "verdict.json",
+        "memory.svg",
+        "memory.png",
+        "registries.svg",
+        "registries.png",
+    ] {
+        assert!(d.join(f).exists(), "{f} missing");
+    }
+    let v = verdict(&d);
+    assert_eq!(v["schema"], "plateau.verdict.v1");
+    assert_eq!(v["verdict"], "pass");
+    let first = std::fs::read_to_string(d.join("samples.jsonl")).unwrap();
+    assert!(first.starts_with("{\"schema\":\"plateau.samples.v1\""));
+}
+
+#[test]
+fn registry_leak_fails_run_and_analyze() {
+    let d = tmp("leak");
+    let o = plateau(&[
+        "run",
+        &scenario("n-sampling"),
+        "--iterations",
+        "30",
+        "--inject",
+        "registry-retains-finished",
+        "--out",
+        d.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v = verdict(&d);
+    assert_eq!(v["verdict"], "fail");
+    let m = v["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "registry.requests")
+        .unwrap();
+    assert_eq!(m["status"], "fail");
+    assert_eq!(m["first_iter"], 1);
+    assert!(stderr(&o).contains("reproduce with: plateau run"));
+    let a = tmp("leak-analyze");
+    let o = plateau(&[
+        "analyze",
+        d.join("samples.jsonl").to_str().unwrap(),
+        "--out",
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(verdict(&a)["verdict"], "fail");
+}
+
+#[test]
+fn usage_and_scenario_errors_exit_2_with_a_clear_message() {
+    let d = tmp("typo");
+    let text = std::fs::read_to_string(scenario("n-sampling"))
+        .unwrap()
+        .replace("max_tokens", "max_tokenz");
+    let typo = d.join("typo.toml");
+    std::fs::write(&typo, text).unwrap();
+    let o = plateau(&[
+        "run",
+        typo.to_str().unwrap(),
+        "--iterations",
+        "2",
+        "--out",
+        d.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(
+        e.contains("typo.toml:")
+            && e.contains("`max_tokenz`")
+            && e.contains("did you mean `max_tokens`"),
+        "{e}"
+    );
+
+    std::fs::write(&typo, "name = \"x\"\ndescription = [\n").unwrap();
+    let o = plateau(&["run", typo.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("typo.toml:2:"), "{}", stderr(&o));
+
+    let o = plateau(&["run", "no/such/scenario.toml"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no/such/scenario.toml") && stderr(&o).contains("cannot read"));
+
+    let o = plateau(&["run", "n-sampling", "--iterations", "0"]);
+    assert_eq!(o.status.code(), Some(2));
+
+    let o = plateau(&["run", "n-sampling", "--inject", "leaky-bucket"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("registry-retains-finished"),
+        "known injections listed: {}",
+        stderr(&o)
+    );
+
+    let o = plateau(&[
+        "run",
+        "n-sampling",
+        "--iterations",
+        "2",
+        "--backend",
+        "cuda",
+        "--out",
+        d.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).to_lowercase().contains("cuda") && !stderr(&o).contains("panicked"));
+}
+
+#[test]
+fn bad_samples_files_exit_2_naming_line_and_field() {
+    let d = tmp("samples");
+    let header = r#"{"schema":"plateau.samples.v1","scenario":"s","seed":1,"backend":"cpu","metrics":{"a":{"kind":"gauge","unit":"bytes"}}}"#;
+    let cases = [
+        ("empty", String::new(), ":1: header"),
+        ("schema", header.replace("v1", "v9"), ":1: schema"),
+        ("badline", format!("{header}\n{{\"t\":1,\"iter\":1,\"quiescent\":\"yes\",\"values\":{{}}}}\n{{\"t\":2,\"iter\":2,\"quiescent\":true,\"values\":{{}}}}\n"), ":2: quiescent"),
+        ("noheader", "{\"t\":1}\n".to_string(), ":1: schema"),
+    ];
+    for (name, text, want) in cases {
+        let f = d.join(format!("{name}.jsonl"));
+        std::fs::write(&f, text).unwrap();
+        let o = plateau(&["analyze", f.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{name}: {}", stderr(&o));
+    }
+    let o = plateau(&["analyze", d.join("missing.jsonl").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn list_names_every_scenario_and_injection() {
+    let o = plateau(&["list"]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for name in [
+        "n-sampling",
+        "aborts",
+        "rl-rollout",
+        "prefill-only",
+        "mixed",
+        "registry-retains-finished",
+        "n-abort-orphans",
+        "abort-keeps-blocks",
+        "sleep-keeps-kv",
+        "untracked-heap",
+    ] {
+        assert!(out.contains(name), "{name} not listed");
+    }
+}
+
+#[test]
+fn interrupted_run_writes_samples_and_an_incomplete_verdict() {
+    let d = tmp("interrupt");
+    let child = Command::new(env!("CARGO_BIN_EXE_plateau"))
+        .args([
+            "run",
+            &scenario("n-sampling"),
+            "--duration",
+            "60s",
+            "--out",
+            d.to_str().unwrap(),
+            "--quiet",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = verdict(&d);
+    assert_eq!(v["incomplete"], true);
+    assert!(v["iterations"].as_u64().unwrap() > 0);
+}
