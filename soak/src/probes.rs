@@ -111,51 +111,17 @@ impl ProcessProbes {
         if settle {
             settle_allocator();
         }
-        if tikv_jemalloc_ctl::epoch::advance().is_ok() {
-            use tikv_jemalloc_ctl::stats;
-            let reads = [
-                stats::allocated::read(),
-                stats::active::read(),
-                stats::resident::read(),
-                stats::mapped::read(),
-                stats::retained::read(),
-                stats::metadata::read(),
-            ];
-            for (name, r) in JEMALLOC.iter().zip(reads) {
-                if let Ok(v) = r {
-                    values.insert(format!("{prefix}jemalloc.{name}"), v as f64);
-                }
-            }
-        }
+        read_jemalloc(prefix, values);
         let t1 = Instant::now();
         cost_us.insert("jemalloc".into(), (t1 - t0).as_secs_f64() * 1e6);
         if let Some(p) = &self.proc {
-            if let Ok(s) = p.status() {
-                let kb = |v: Option<u64>| v.map(|x| x as f64 * 1024.0);
-                for (name, v) in [
-                    ("rss", kb(s.vmrss)),
-                    ("rss_anon", kb(s.rssanon)),
-                    ("rss_file", kb(s.rssfile)),
-                    ("swap", kb(s.vmswap)),
-                ] {
-                    if let Some(v) = v {
-                        values.insert(format!("{prefix}proc.{name}"), v);
-                    }
-                }
-                values.insert(format!("{prefix}proc.threads"), s.threads as f64);
-            }
-            if let Ok(maps) = anon_mappings(p) {
-                values.insert(format!("{prefix}proc.anon_mappings"), maps.len() as f64);
-                values.insert(
-                    format!("{prefix}proc.anon_bytes"),
-                    maps.iter().map(|m| m.bytes as f64).sum(),
-                );
-            }
-            if let Ok(n) = p.fd_count() {
-                values.insert(format!("{prefix}proc.fds"), n as f64);
-            }
+            read_proc(p, prefix, values);
         }
         cost_us.insert("proc".into(), t1.elapsed().as_secs_f64() * 1e6);
+    }
+
+    pub fn process(&self) -> Option<&Process> {
+        self.proc.as_ref()
     }
 
     /// The process's anonymous mappings now, for a pmap-style diff.
@@ -167,8 +133,57 @@ impl ProcessProbes {
     }
 }
 
+/// Advances jemalloc's epoch and reads its statistics.
+pub fn read_jemalloc(prefix: &str, values: &mut BTreeMap<String, f64>) {
+    if tikv_jemalloc_ctl::epoch::advance().is_err() {
+        return;
+    }
+    use tikv_jemalloc_ctl::stats;
+    let reads = [
+        stats::allocated::read(),
+        stats::active::read(),
+        stats::resident::read(),
+        stats::mapped::read(),
+        stats::retained::read(),
+        stats::metadata::read(),
+    ];
+    for (name, r) in JEMALLOC.iter().zip(reads) {
+        if let Ok(v) = r {
+            values.insert(format!("{prefix}jemalloc.{name}"), v as f64);
+        }
+    }
+}
+
+/// Reads /proc/<pid>/status, maps and fd: RSS by kind, swap, threads, anonymous mappings, fds.
+pub fn read_proc(p: &Process, prefix: &str, values: &mut BTreeMap<String, f64>) {
+    if let Ok(s) = p.status() {
+        let kb = |v: Option<u64>| v.map(|x| x as f64 * 1024.0);
+        for (name, v) in [
+            ("rss", kb(s.vmrss)),
+            ("rss_anon", kb(s.rssanon)),
+            ("rss_file", kb(s.rssfile)),
+            ("swap", kb(s.vmswap)),
+        ] {
+            if let Some(v) = v {
+                values.insert(format!("{prefix}proc.{name}"), v);
+            }
+        }
+        values.insert(format!("{prefix}proc.threads"), s.threads as f64);
+    }
+    if let Ok(maps) = anon_mappings(p) {
+        values.insert(format!("{prefix}proc.anon_mappings"), maps.len() as f64);
+        values.insert(
+            format!("{prefix}proc.anon_bytes"),
+            maps.iter().map(|m| m.bytes as f64).sum(),
+        );
+    }
+    if let Ok(n) = p.fd_count() {
+        values.insert(format!("{prefix}proc.fds"), n as f64);
+    }
+}
+
 /// Flushes this thread's jemalloc cache and purges every arena's unused dirty pages.
-fn settle_allocator() {
+pub fn settle_allocator() {
     for name in [&b"thread.tcache.flush\0"[..], &b"arena.4096.purge\0"[..]] {
         // SAFETY: both names are NUL-terminated void mallctls: no old or new value is read or written.
         let _ = unsafe {

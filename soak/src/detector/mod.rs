@@ -250,6 +250,17 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
         }
     }
     let attribution = attribute(s, &mut metrics, cfg);
+    // Failures first, earliest evidence first; then warnings; then passes by name.
+    metrics.sort_by(|a, b| {
+        b.status
+            .cmp(&a.status)
+            .then(
+                a.first_iter
+                    .unwrap_or(u64::MAX)
+                    .cmp(&b.first_iter.unwrap_or(u64::MAX)),
+            )
+            .then(a.name.cmp(&b.name))
+    });
     let failed: Vec<&MetricVerdict> = metrics
         .iter()
         .filter(|m| m.status == Status::Fail)
