@@ -5,19 +5,12 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use plateau_engine::{Engine, EngineConfig, Request, SamplingParams};
 
 fn request(id: u64, n: u32, max_tokens: u32) -> Request {
-    let prompt = plateau_engine::tokenizer::encode(&format!(
-        "Question No.{id:08} Conclude this image in 10 words."
-    ));
+    let prompt = plateau_engine::tokenizer::encode(&format!("Question No.{id:08} Conclude this image in 10 words."));
     Request {
         id,
         prompt,
-        params: SamplingParams {
-            n,
-            max_tokens,
-            seed: Some(id),
-            ignore_eos: true,
-            ..SamplingParams::default()
-        },
+        params: SamplingParams { n, max_tokens, seed: Some(id), ignore_eos: true, ..SamplingParams::default() },
+        images: Vec::new(),
     }
 }
 
@@ -37,11 +30,7 @@ fn decode_steps(c: &mut Criterion) {
     for batch in [1usize, 8, 32] {
         g.throughput(Throughput::Elements(batch as u64));
         g.bench_with_input(BenchmarkId::from_parameter(batch), &batch, |b, &batch| {
-            let mut e = Engine::new(EngineConfig {
-                num_kv_blocks: 2048,
-                ..EngineConfig::default()
-            })
-            .unwrap();
+            let mut e = Engine::new(EngineConfig { num_kv_blocks: 2048, ..EngineConfig::default() }).unwrap();
             let mut next = 0u64;
             refill(&mut e, &mut next, batch);
             let mut steps = 0u32;

@@ -39,16 +39,10 @@ fn main() -> ExitCode {
     let a = Args::parse();
     let model = match a.weights {
         Some(dir) => WeightSource::Dir(dir),
-        None => WeightSource::Preset {
-            name: a.preset,
-            seed: 0,
-        },
+        None => WeightSource::Preset { name: a.preset, seed: 0 },
     };
     let run = || -> Result<(), plateau_engine::EngineError> {
-        let mut engine = Engine::new(EngineConfig {
-            model,
-            ..EngineConfig::default()
-        })?;
+        let mut engine = Engine::new(EngineConfig { model, ..EngineConfig::default() })?;
         let params = SamplingParams {
             n: a.n,
             max_tokens: a.max_tokens,
@@ -58,11 +52,7 @@ fn main() -> ExitCode {
             top_k: a.top_k,
             ..SamplingParams::default()
         };
-        engine.add_request(Request {
-            id: 0,
-            prompt: tokenizer::encode(&a.prompt),
-            params,
-        })?;
+        engine.add_request(Request { id: 0, prompt: tokenizer::encode(&a.prompt), params, images: Vec::new() })?;
         for _ in 0..100_000 {
             for out in engine.step()? {
                 for s in &out.seqs {

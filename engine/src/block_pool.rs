@@ -63,26 +63,12 @@ impl BlockPool {
     pub fn new(num_blocks: usize, book: &mut Registries) -> Self {
         assert!(num_blocks > 0 && num_blocks < NIL as usize);
         let mut pool = BlockPool {
-            blocks: vec![
-                Block {
-                    ref_count: 0,
-                    hash: None,
-                    prev: NIL,
-                    next: NIL,
-                    linked: false
-                };
-                num_blocks
-            ],
+            blocks: vec![Block { ref_count: 0, hash: None, prev: NIL, next: NIL, linked: false }; num_blocks],
             head: NIL,
             tail: NIL,
             linked_len: 0,
             cached_free: 0,
-            index: book.map(
-                "registry.prefix_cache.entries",
-                MetricKind::Bounded {
-                    capacity: num_blocks as u64,
-                },
-            ),
+            index: book.map("registry.prefix_cache.entries", MetricKind::Bounded { capacity: num_blocks as u64 }),
         };
         for id in 0..num_blocks as u32 {
             pool.link_tail(id);
@@ -259,46 +245,28 @@ impl BlockPool {
             }
             let b = &self.blocks[cur as usize];
             if !b.linked || b.ref_count != 0 || b.prev != prev {
-                return Err(format!(
-                    "block {cur} in the free list is inconsistent (ref {})",
-                    b.ref_count
-                ));
+                return Err(format!("block {cur} in the free list is inconsistent (ref {})", b.ref_count));
             }
             linked += 1;
             prev = cur;
             cur = b.next;
         }
         if linked != self.linked_len || prev != self.tail {
-            return Err(format!(
-                "free list length {linked} != recorded {}",
-                self.linked_len
-            ));
+            return Err(format!("free list length {linked} != recorded {}", self.linked_len));
         }
         for (i, b) in self.blocks.iter().enumerate() {
             if b.linked == (b.ref_count > 0) {
-                return Err(format!(
-                    "block {i} is both free and in use (ref {})",
-                    b.ref_count
-                ));
+                return Err(format!("block {i} is both free and in use (ref {})", b.ref_count));
             }
             if let Some(h) = b.hash {
                 if self.index.get(&h) != Some(&(i as u32)) {
-                    return Err(format!(
-                        "block {i} carries a hash the index does not map to it"
-                    ));
+                    return Err(format!("block {i} carries a hash the index does not map to it"));
                 }
             }
         }
-        let cached = self
-            .blocks
-            .iter()
-            .filter(|b| b.linked && b.hash.is_some())
-            .count();
+        let cached = self.blocks.iter().filter(|b| b.linked && b.hash.is_some()).count();
         if cached != self.cached_free {
-            return Err(format!(
-                "cached count {cached} != recorded {}",
-                self.cached_free
-            ));
+            return Err(format!("cached count {cached} != recorded {}", self.cached_free));
         }
         if self.index.len() != self.blocks.iter().filter(|b| b.hash.is_some()).count() {
             return Err("prefix index holds hashes of no block".into());
@@ -327,15 +295,7 @@ mod tests {
         for id in ids {
             p.decref(id);
         }
-        assert_eq!(
-            p.counts(),
-            PoolCounts {
-                total: 3,
-                free: 3,
-                cached: 0,
-                used: 0
-            }
-        );
+        assert_eq!(p.counts(), PoolCounts { total: 3, free: 3, cached: 0, used: 0 });
         p.check().unwrap();
     }
 
@@ -347,15 +307,7 @@ mod tests {
         p.publish(a, 42);
         p.decref(a); // cached, tail
         p.decref(b); // uncached, head
-        assert_eq!(
-            p.counts(),
-            PoolCounts {
-                total: 2,
-                free: 1,
-                cached: 1,
-                used: 0
-            }
-        );
+        assert_eq!(p.counts(), PoolCounts { total: 2, free: 1, cached: 1, used: 0 });
         assert_eq!(p.lookup(42), Some(a));
         // Next allocation reuses the uncached one first.
         assert_eq!(p.allocate(), Some(b));

@@ -5,20 +5,24 @@
 //! the harness. It owns no thread, clock or global RNG: every random draw comes from a sequence's
 //! RNG seeded from its request's seed, and every container is ordered.
 
+use std::sync::Arc;
+
 use rand_chacha::ChaCha8Rng;
 
 use crate::block_pool::PoolCounts;
 use crate::error::{EngineError, Result};
 use crate::inject::{Injection, Injections};
-use crate::kv_manager::{KvManager, SeqId};
+use crate::kv_manager::{ExtraKey, KvManager, SeqId};
 use crate::model::backend::{Backend, ForwardBatch, SeqChunk};
 use crate::model::config::ModelConfig;
 use crate::model::cpu::CpuBackend;
 use crate::model::weights::WeightSource;
+use crate::multimodal::encoder_cache::EncoderCache;
+use crate::multimodal::image::{self, ImageLimits, PixelTensor};
 use crate::registry::{Metric, MetricKind, Registries, TrackedMap, TrackedQueue};
 use crate::request::{FinishReason, Request, RequestId, RequestOutput, SamplingParams, SeqOutput};
 use crate::sampler;
-use crate::tokenizer::EOS;
+use crate::tokenizer::{EOS, IMAGE_PAD};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -37,15 +41,20 @@ pub struct EngineConfig {
     /// Seeds requests that carry no seed of their own.
     pub seed: u64,
     pub injections: Injections,
+    /// Resizing range and hard limit for images.
+    pub image_limits: ImageLimits,
+    /// Encoder cache budget, in embeddings (encoder output tokens).
+    pub encoder_cache_tokens: usize,
+    /// Encoder cache entries at most (images).
+    pub encoder_cache_entries: usize,
+    /// Encoder output tokens computed per step at most.
+    pub max_encoder_tokens_per_step: usize,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            model: WeightSource::Preset {
-                name: "tiny".into(),
-                seed: 0,
-            },
+            model: WeightSource::Preset { name: "tiny".into(), seed: 0 },
             block_size: 16,
             num_kv_blocks: 512,
             max_num_seqs: 64,
@@ -54,8 +63,23 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             seed: 0,
             injections: Injections::none(),
+            image_limits: ImageLimits::default(),
+            encoder_cache_tokens: 4096,
+            encoder_cache_entries: 64,
+            max_encoder_tokens_per_step: 1024,
         }
     }
+}
+
+/// One image of a request: its placeholder positions `start..start + len` in the expanded prompt,
+/// its content hash, and its pixel tensor, kept for the request's life (a preempted request may
+/// need to encode it again if its encoder cache entry was evicted meanwhile).
+#[derive(Debug, Clone)]
+pub(crate) struct ImageItem {
+    pub start: usize,
+    pub len: usize,
+    pub hash: u64,
+    pub pixels: Arc<PixelTensor>,
 }
 
 /// Where a request in flight is in its life (its furthest-along live sequence decides).
@@ -63,6 +87,10 @@ impl Default for EngineConfig {
 pub enum RequestStage {
     /// Never scheduled yet.
     Waiting,
+    /// Some of its images encoded, not all: mid-encode.
+    Encoding,
+    /// Every image encoded, no prompt token computed yet.
+    Encoded,
     /// Part of its prompt computed, no token yet.
     Prefill,
     /// Producing tokens.
@@ -105,6 +133,19 @@ pub(crate) struct ReqState {
     pub forked: bool,
     pub cached_prompt_tokens: u32,
     pub error: Option<String>,
+    pub images: Vec<ImageItem>,
+}
+
+impl ReqState {
+    /// Prefix-cache extra keys: each image's content hash over its placeholder positions.
+    pub fn extra_keys(&self) -> Vec<ExtraKey> {
+        self.images.iter().map(|i| ExtraKey { start: i.start, end: i.start + i.len, hash: i.hash }).collect()
+    }
+
+    /// The end of the last image's placeholders (0 without images).
+    pub fn images_end(&self) -> usize {
+        self.images.iter().map(|i| i.start + i.len).max().unwrap_or(0)
+    }
 }
 
 /// Monotonic counts, reported as `engine.*` counters.
@@ -120,6 +161,8 @@ pub(crate) struct Counters {
     pub tokens_generated: u64,
     pub preemptions: u64,
     pub block_copies: u64,
+    pub encoder_runs: u64,
+    pub encoder_cache_hits: u64,
 }
 
 /// A report of everything that is not idle when it should be.
@@ -141,6 +184,7 @@ pub struct Engine {
     pub(crate) running: TrackedQueue<SeqId>,
     pub(crate) outputs: TrackedQueue<RequestOutput>,
     pub(crate) kv: KvManager,
+    pub(crate) encoder_cache: EncoderCache,
     pub(crate) backend: Box<dyn Backend>,
     pub(crate) asleep: Option<u8>,
     pub(crate) counters: Counters,
@@ -161,18 +205,12 @@ impl Engine {
     pub fn with_backend(config: EngineConfig, mut backend: Box<dyn Backend>) -> Result<Engine> {
         let model = backend.config().clone();
         if config.block_size == 0 || config.num_kv_blocks == 0 {
-            return Err(EngineError::Config(
-                "block_size and num_kv_blocks must be positive".into(),
-            ));
+            return Err(EngineError::Config("block_size and num_kv_blocks must be positive".into()));
         }
         if config.max_num_seqs == 0 || config.max_num_batched_tokens == 0 {
-            return Err(EngineError::Config(
-                "max_num_seqs and max_num_batched_tokens must be positive".into(),
-            ));
+            return Err(EngineError::Config("max_num_seqs and max_num_batched_tokens must be positive".into()));
         }
-        let max_model_len = config
-            .max_model_len
-            .unwrap_or(model.max_position_embeddings);
+        let max_model_len = config.max_model_len.unwrap_or(model.max_position_embeddings);
         if max_model_len < 2 || max_model_len > model.max_position_embeddings {
             return Err(EngineError::Config(format!(
                 "max_model_len {max_model_len} must be in 2..={}",
@@ -181,12 +219,8 @@ impl Engine {
         }
         backend.allocate_kv(config.num_kv_blocks, config.block_size)?;
         let mut book = Registries::new();
-        let kv = KvManager::new(
-            config.num_kv_blocks,
-            config.block_size,
-            config.enable_prefix_caching,
-            &mut book,
-        );
+        let kv = KvManager::new(config.num_kv_blocks, config.block_size, config.enable_prefix_caching, &mut book);
+        let encoder_cache = EncoderCache::new(config.encoder_cache_tokens, config.encoder_cache_entries, &mut book);
         Ok(Engine {
             requests: book.map("registry.requests", MetricKind::PerRequest),
             seqs: book.map("registry.sequences", MetricKind::PerRequest),
@@ -198,6 +232,7 @@ impl Engine {
             max_model_len,
             book,
             kv,
+            encoder_cache,
             backend,
             asleep: None,
             counters: Counters::default(),
@@ -234,31 +269,15 @@ impl Engine {
         if r.prompt.is_empty() {
             return bad("empty prompt".into());
         }
-        if r.prompt.len() >= self.max_model_len {
-            return bad(format!(
-                "prompt of {} tokens leaves no room under the maximum length of {} tokens",
-                r.prompt.len(),
-                self.max_model_len
-            ));
-        }
-        if let Some(&t) = r
-            .prompt
-            .iter()
-            .find(|&&t| t as usize >= self.model.vocab_size)
-        {
-            return bad(format!(
-                "token id {t} is outside the vocabulary of {}",
-                self.model.vocab_size
-            ));
+
+        if let Some(&t) = r.prompt.iter().find(|&&t| t as usize >= self.model.vocab_size) {
+            return bad(format!("token id {t} is outside the vocabulary of {}", self.model.vocab_size));
         }
         if p.n == 0 {
             return bad("n must be at least 1".into());
         }
         if p.n as usize > self.config.max_num_seqs {
-            return bad(format!(
-                "n = {} exceeds max_num_seqs = {}",
-                p.n, self.config.max_num_seqs
-            ));
+            return bad(format!("n = {} exceeds max_num_seqs = {}", p.n, self.config.max_num_seqs));
         }
         if p.max_tokens == 0 {
             return bad("max_tokens must be at least 1".into());
@@ -267,51 +286,85 @@ impl Engine {
             return bad(format!("top_p {} is outside (0, 1]", p.top_p));
         }
         if !(p.temperature >= 0.0) || !p.temperature.is_finite() {
-            return bad(format!(
-                "temperature {} must be finite and >= 0",
-                p.temperature
-            ));
+            return bad(format!("temperature {} must be finite and >= 0", p.temperature));
         }
-        if let Some(&t) = p
-            .stop_token_ids
-            .iter()
-            .find(|&&t| t as usize >= self.model.vocab_size)
-        {
-            return bad(format!(
-                "stop token id {t} is outside the vocabulary of {}",
-                self.model.vocab_size
-            ));
+        if let Some(&t) = p.stop_token_ids.iter().find(|&&t| t as usize >= self.model.vocab_size) {
+            return bad(format!("stop token id {t} is outside the vocabulary of {}", self.model.vocab_size));
         }
-        let blocks = self.kv.blocks_for(r.prompt.len() + 1);
-        if blocks > self.config.num_kv_blocks {
-            return bad(format!(
-                "the prompt needs {blocks} KV blocks and the pool has {}",
-                self.config.num_kv_blocks
-            ));
+        let pads = r.prompt.iter().filter(|&&t| t == IMAGE_PAD).count();
+        if pads != r.images.len() {
+            return bad(format!("the prompt has {pads} image placeholders and the request {} images", r.images.len()));
+        }
+        if !r.images.is_empty() && self.model.vision.is_none() {
+            return bad("the model has no vision encoder: images need a model such as the tiny-vl preset".into());
         }
         Ok(())
+    }
+
+    /// Processes a request's images and expands each placeholder to its encoder output length.
+    fn expand_images(&self, r: &Request) -> Result<(Vec<u32>, Vec<ImageItem>)> {
+        let bad = |reason: String| EngineError::InvalidRequest { id: r.id, reason };
+        let mut prompt = Vec::with_capacity(r.prompt.len());
+        let mut items = Vec::with_capacity(r.images.len());
+        let mut inputs = r.images.iter().enumerate();
+        for &t in &r.prompt {
+            if t != IMAGE_PAD {
+                prompt.push(t);
+                continue;
+            }
+            let (k, input) = inputs.next().expect("placeholders counted");
+            let v = self.model.vision.as_ref().expect("checked");
+            let px = image::process(input, &self.config.image_limits, v.grid_factor())
+                .map_err(|m| bad(format!("image {k}: {m}")))?;
+            let len = crate::model::vision::num_tokens(v, px.width, px.height);
+            if len > self.config.encoder_cache_tokens.min(self.config.max_encoder_tokens_per_step) {
+                return Err(bad(format!(
+                    "image {k} encodes to {len} embeddings, more than the encoder cache budget ({}) or step budget ({})",
+                    self.config.encoder_cache_tokens, self.config.max_encoder_tokens_per_step
+                )));
+            }
+            items.push(ImageItem { start: prompt.len(), len, hash: px.hash, pixels: Arc::new(px) });
+            prompt.extend(std::iter::repeat_n(IMAGE_PAD, len));
+        }
+        if prompt.len() >= self.max_model_len {
+            return Err(bad(format!(
+                "prompt of {} tokens leaves no room under the maximum length of {} tokens",
+                prompt.len(),
+                self.max_model_len
+            )));
+        }
+        let blocks = self.kv.blocks_for(prompt.len() + 1);
+        if blocks > self.config.num_kv_blocks {
+            return Err(bad(format!(
+                "the prompt needs {blocks} KV blocks and the pool has {}",
+                self.config.num_kv_blocks
+            )));
+        }
+        Ok((prompt, items))
     }
 
     /// Adds a request to the waiting queue. A rejected request changes nothing.
     pub fn add_request(&mut self, r: Request) -> Result<()> {
         self.validate(&r)?;
+        let (prompt, images) = self.expand_images(&r)?;
         let seed = r.params.seed.unwrap_or_else(|| {
             // SplitMix-style mix of the engine seed and the id: deterministic, no global RNG.
             let mut z = self.config.seed ^ r.id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
             z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
             z ^ (z >> 31)
         });
-        let sid = self.new_seq(r.id, 0, r.prompt.clone(), seed);
+        let sid = self.new_seq(r.id, 0, prompt.clone(), seed);
         self.requests.insert(
             r.id,
             ReqState {
                 params: r.params,
                 seed,
-                prompt: r.prompt,
+                prompt,
                 seqs: vec![sid],
                 forked: false,
                 cached_prompt_tokens: 0,
                 error: None,
+                images,
             },
         );
         self.waiting.push_back(sid);
@@ -319,13 +372,7 @@ impl Engine {
         Ok(())
     }
 
-    pub(crate) fn new_seq(
-        &mut self,
-        request: RequestId,
-        index: u32,
-        tokens: Vec<u32>,
-        seed: u64,
-    ) -> SeqId {
+    pub(crate) fn new_seq(&mut self, request: RequestId, index: u32, tokens: Vec<u32>, seed: u64) -> SeqId {
         let id = self.next_seq;
         self.next_seq += 1;
         let num_prompt = tokens.len();
@@ -350,18 +397,18 @@ impl Engine {
         let req = self.requests.get(&id)?;
         req.seqs
             .iter()
-            .filter_map(|sid| {
-                self.seqs
-                    .get(sid)
-                    .filter(|s| s.finished.is_none())
-                    .map(|s| (sid, s))
-            })
+            .filter_map(|sid| self.seqs.get(sid).filter(|s| s.finished.is_none()).map(|s| (sid, s)))
             .map(|(sid, s)| {
                 if self.waiting.contains(sid) {
+                    let held = req.images.iter().filter(|i| self.encoder_cache.holds(i.hash, id)).count();
                     if s.preemptions > 0 {
                         RequestStage::Preempted
-                    } else {
+                    } else if held == 0 {
                         RequestStage::Waiting
+                    } else if held < req.images.len() {
+                        RequestStage::Encoding
+                    } else {
+                        RequestStage::Encoded
                     }
                 } else if s.tokens.len() > s.num_prompt {
                     RequestStage::Decode
@@ -395,11 +442,27 @@ impl Engine {
                         .iter()
                         .map(|c| {
                             let s = &self.seqs.get(&c.seq).expect("scheduled seq exists");
+                            let end = c.start + c.len;
+                            let embeds = self
+                                .requests
+                                .get(&s.request)
+                                .map(|r| {
+                                    r.images
+                                        .iter()
+                                        .filter(|i| i.start < end && i.start + i.len > c.start)
+                                        .map(|i| {
+                                            let e = self.encoder_cache.get(i.hash).expect("held while prefilling");
+                                            (i.start, e)
+                                        })
+                                        .collect()
+                                })
+                                .unwrap_or_default();
                             SeqChunk {
-                                tokens: s.tokens[c.start..c.start + c.len].to_vec(),
+                                tokens: s.tokens[c.start..end].to_vec(),
                                 start_pos: c.start,
                                 block_table: self.kv.block_table(c.seq).to_vec(),
                                 want_logits: c.want_logits,
+                                embeds,
                             }
                         })
                         .collect(),
@@ -407,6 +470,12 @@ impl Engine {
                 self.counters.block_copies += batch.copies.len() as u64;
                 let logits = self.backend.forward(&batch)?;
                 self.apply(&sched.chunks, logits);
+                let mut touched: Vec<RequestId> =
+                    sched.chunks.iter().filter_map(|c| self.seqs.get(&c.seq).map(|s| s.request)).collect();
+                touched.dedup();
+                for r in touched {
+                    self.release_images_if_done(r);
+                }
             }
         }
         Ok(self.outputs.drain_all())
@@ -417,7 +486,8 @@ impl Engine {
     fn apply(&mut self, chunks: &[crate::scheduler::Chunk], logits: Vec<Vec<f32>>) {
         let mut logits = logits.into_iter();
         for c in chunks {
-            let extra = Vec::new();
+            let request = self.seqs.get(&c.seq).expect("seq exists").request;
+            let extra = self.requests.get(&request).map(ReqState::extra_keys).unwrap_or_default();
             let s = self.seqs.get_mut(&c.seq).expect("seq exists");
             s.num_computed += c.len;
             if s.num_computed <= s.num_prompt {
@@ -464,10 +534,7 @@ impl Engine {
     fn sample_and_check(&mut self, sid: SeqId, logits: &[f32], request: Option<RequestId>) {
         let params = match request.and_then(|r| self.requests.get(&r)) {
             Some(r) => r.params.clone(),
-            None => SamplingParams {
-                ignore_eos: true,
-                ..SamplingParams::default()
-            },
+            None => SamplingParams { ignore_eos: true, ..SamplingParams::default() },
         };
         let s = self.seqs.get_mut(&sid).expect("seq");
         let tok = sampler::sample(logits, &params, &mut s.rng);
@@ -497,26 +564,48 @@ impl Engine {
         let Some(req) = self.requests.get(&request) else {
             return;
         };
-        let all_done = req
-            .seqs
-            .iter()
-            .all(|id| self.seqs.get(id).is_some_and(|s| s.finished.is_some()));
+        let all_done = req.seqs.iter().all(|id| self.seqs.get(id).is_some_and(|s| s.finished.is_some()));
         if all_done && (req.forked || reason == FinishReason::Error || req.params.n == 1) {
-            self.finalize(request);
+            self.finalize(request, true);
         }
     }
 
-    /// Emits a request's one output and forgets it and its sequences.
-    fn finalize(&mut self, id: RequestId) {
+    /// Drops a request's encoder cache references once no live sequence of it still has image
+    /// positions to compute (their KV now holds what the embeddings contributed).
+    fn release_images_if_done(&mut self, id: RequestId) {
+        let Some(req) = self.requests.get(&id) else { return };
+        if req.images.is_empty() || !req.forked {
+            return;
+        }
+        let end = req.images_end();
+        let done = req
+            .seqs
+            .iter()
+            .filter_map(|sid| self.seqs.get(sid))
+            .filter(|s| s.finished.is_none())
+            .all(|s| s.num_computed >= end);
+        if done {
+            for i in &req.images {
+                self.encoder_cache.release(i.hash, id);
+            }
+        }
+    }
+
+    /// Emits a request's one output and forgets it and its sequences; with `release_images` its
+    /// encoder cache references go back too.
+    fn finalize(&mut self, id: RequestId, release_images: bool) {
+        if release_images {
+            if let Some(req) = self.requests.get(&id) {
+                for i in &req.images {
+                    self.encoder_cache.release(i.hash, id);
+                }
+            }
+        }
         let req = self.requests.get(&id).expect("request");
         let n = req.params.n;
         let mut seqs = Vec::with_capacity(n as usize);
         for i in 0..n {
-            let s = req
-                .seqs
-                .iter()
-                .filter_map(|sid| self.seqs.get(sid))
-                .find(|s| s.index == i);
+            let s = req.seqs.iter().filter_map(|sid| self.seqs.get(sid)).find(|s| s.index == i);
             seqs.push(match s {
                 Some(s) => SeqOutput {
                     index: i,
@@ -549,22 +638,13 @@ impl Engine {
             _ => self.counters.requests_finished += 1,
         }
         if self.config.injections.on(Injection::UntrackedHeap) {
-            self.history.push(
-                out.seqs
-                    .iter()
-                    .flat_map(|s| s.tokens.iter().copied())
-                    .collect(),
-            );
+            self.history.push(out.seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect());
         }
         let seq_ids = req.seqs.clone();
         for sid in seq_ids {
             self.seqs.remove(&sid);
         }
-        if !self
-            .config
-            .injections
-            .on(Injection::RegistryRetainsFinished)
-        {
+        if !self.config.injections.on(Injection::RegistryRetainsFinished) {
             self.requests.remove(&id);
         }
         self.outputs.push_back(out);
@@ -576,12 +656,8 @@ impl Engine {
         let Some(req) = self.requests.get(&id) else {
             return AbortOutcome::Unknown;
         };
-        let live: Vec<SeqId> = req
-            .seqs
-            .iter()
-            .copied()
-            .filter(|sid| self.seqs.get(sid).is_some_and(|s| s.finished.is_none()))
-            .collect();
+        let live: Vec<SeqId> =
+            req.seqs.iter().copied().filter(|sid| self.seqs.get(sid).is_some_and(|s| s.finished.is_none())).collect();
         if live.is_empty() {
             // Finished and retained (registry-retains-finished): not in flight.
             return AbortOutcome::Unknown;
@@ -608,7 +684,8 @@ impl Engine {
             req.seqs.push(keep);
             let _ = orphaned; // still in `seqs` and `running`: nobody will remove them
         }
-        self.finalize(id);
+        // encoder-cache-abort: the abort path forgets the request's encoder cache references.
+        self.finalize(id, !self.config.injections.on(Injection::EncoderCacheAbort));
         AbortOutcome::Aborted
     }
 
@@ -642,8 +719,7 @@ impl Engine {
         if level == 2 {
             self.backend.load_weights(self.config.model.load()?)?;
         }
-        self.backend
-            .allocate_kv(self.config.num_kv_blocks, self.config.block_size)?;
+        self.backend.allocate_kv(self.config.num_kv_blocks, self.config.block_size)?;
         self.asleep = None;
         Ok(())
     }
@@ -652,9 +728,7 @@ impl Engine {
     /// otherwise at once. The prefix cache is dropped: its KV came from the old weights.
     pub fn update_weights(&mut self, source: WeightSource) -> Result<()> {
         if source.config()? != self.model {
-            return Err(EngineError::Weights(
-                "new weights have another model shape".into(),
-            ));
+            return Err(EngineError::Weights("new weights have another model shape".into()));
         }
         if self.asleep != Some(2) {
             let busy = self.num_in_flight();
@@ -681,39 +755,21 @@ impl Engine {
         let mut m: Vec<Metric> = self.book.metrics().collect();
         let k = self.kv.counts();
         let total = k.total as u64;
-        let count = |name: &str, kind, value| Metric {
-            name: name.to_string(),
-            kind,
-            unit: "count",
-            value,
-        };
-        m.push(count(
-            "registry.kv.blocks_used",
-            MetricKind::PerRequest,
-            k.used as u64,
-        ));
-        m.push(count(
-            "registry.kv.blocks_cached",
-            MetricKind::Bounded { capacity: total },
-            k.cached as u64,
-        ));
-        m.push(count(
-            "registry.kv.blocks_free",
-            MetricKind::Bounded { capacity: total },
-            k.free as u64,
-        ));
+        let count = |name: &str, kind, value| Metric { name: name.to_string(), kind, unit: "count", value };
+        m.push(count("registry.kv.blocks_used", MetricKind::PerRequest, k.used as u64));
+        m.push(count("registry.kv.blocks_cached", MetricKind::Bounded { capacity: total }, k.cached as u64));
+        m.push(count("registry.kv.blocks_free", MetricKind::Bounded { capacity: total }, k.free as u64));
         let mem = self.backend.memory();
+        m.push(count("registry.kv_pools", MetricKind::Bounded { capacity: 1 }, mem.kv_pools));
+        let ec = &self.encoder_cache;
+        m.push(count("registry.encoder_cache.refs", MetricKind::PerRequest, ec.refs() as u64));
         m.push(count(
-            "registry.kv_pools",
-            MetricKind::Bounded { capacity: 1 },
-            mem.kv_pools,
+            "registry.encoder_cache.embeddings",
+            MetricKind::Bounded { capacity: ec.budget_tokens() as u64 },
+            ec.used_tokens() as u64,
         ));
-        let bytes = |name: &str, value| Metric {
-            name: name.to_string(),
-            kind: MetricKind::Gauge,
-            unit: "bytes",
-            value,
-        };
+        let bytes =
+            |name: &str, value| Metric { name: name.to_string(), kind: MetricKind::Gauge, unit: "bytes", value };
         m.push(bytes("engine.kv_pool_bytes", mem.kv_bytes));
         m.push(bytes("engine.weight_bytes", mem.weight_bytes));
         let c = &self.counters;
@@ -728,6 +784,8 @@ impl Engine {
             ("engine.tokens_generated", c.tokens_generated),
             ("engine.preemptions", c.preemptions),
             ("engine.block_copies", c.block_copies),
+            ("engine.encoder_runs", c.encoder_runs),
+            ("engine.encoder_cache_hits", c.encoder_cache_hits),
         ] {
             m.push(count(name, MetricKind::Counter, v));
         }
@@ -741,18 +799,12 @@ impl Engine {
         for m in self.stats() {
             match m.kind {
                 MetricKind::PerRequest if m.value > 0 => v.push(IdleViolation {
-                    detail: format!(
-                        "{} holds {} entries with nothing in flight",
-                        m.name, m.value
-                    ),
+                    detail: format!("{} holds {} entries with nothing in flight", m.name, m.value),
                     metric: m.name,
                     value: m.value,
                 }),
                 MetricKind::Bounded { capacity } if m.value > capacity => v.push(IdleViolation {
-                    detail: format!(
-                        "{} holds {} entries, above its capacity {capacity}",
-                        m.name, m.value
-                    ),
+                    detail: format!("{} holds {} entries, above its capacity {capacity}", m.name, m.value),
                     metric: m.name,
                     value: m.value,
                 }),
@@ -760,11 +812,7 @@ impl Engine {
             }
         }
         if let Err(e) = self.kv.check() {
-            v.push(IdleViolation {
-                metric: "registry.kv".into(),
-                value: 0,
-                detail: format!("KV accounting: {e}"),
-            });
+            v.push(IdleViolation { metric: "registry.kv".into(), value: 0, detail: format!("KV accounting: {e}") });
         }
         if v.is_empty() {
             Ok(())

@@ -11,15 +11,17 @@ pub enum Injection {
     AbortKeepsBlocks,
     SleepKeepsKv,
     UntrackedHeap,
+    EncoderCacheAbort,
 }
 
 impl Injection {
-    pub const ALL: [Injection; 5] = [
+    pub const ALL: [Injection; 6] = [
         Injection::RegistryRetainsFinished,
         Injection::NAbortOrphans,
         Injection::AbortKeepsBlocks,
         Injection::SleepKeepsKv,
         Injection::UntrackedHeap,
+        Injection::EncoderCacheAbort,
     ];
 
     pub fn name(self) -> &'static str {
@@ -29,6 +31,7 @@ impl Injection {
             Injection::AbortKeepsBlocks => "abort-keeps-blocks",
             Injection::SleepKeepsKv => "sleep-keeps-kv",
             Injection::UntrackedHeap => "untracked-heap",
+            Injection::EncoderCacheAbort => "encoder-cache-abort",
         }
     }
 
@@ -42,6 +45,9 @@ impl Injection {
             }
             Injection::AbortKeepsBlocks => "the KV blocks of an aborted request are never returned to the pool",
             Injection::SleepKeepsKv => "sleep does not release the KV cache; wake allocates a new one beside it",
+            Injection::EncoderCacheAbort => {
+                "image encoder outputs of aborted requests are never freed: the abort path keeps their cache references"
+            }
             Injection::UntrackedHeap => {
                 "finished requests' output tokens are appended to a history no registry counts (heap only)"
             }
@@ -58,14 +64,10 @@ impl fmt::Display for Injection {
 impl FromStr for Injection {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        Injection::ALL
-            .iter()
-            .copied()
-            .find(|i| i.name() == s)
-            .ok_or_else(|| {
-                let known: Vec<&str> = Injection::ALL.iter().map(|i| i.name()).collect();
-                format!("unknown injection `{s}`; known: {}", known.join(", "))
-            })
+        Injection::ALL.iter().copied().find(|i| i.name() == s).ok_or_else(|| {
+            let known: Vec<&str> = Injection::ALL.iter().map(|i| i.name()).collect();
+            format!("unknown injection `{s}`; known: {}", known.join(", "))
+        })
     }
 }
 

@@ -56,32 +56,19 @@ pub struct KvManager {
 }
 
 /// Hash of one full block chained to its parent's hash.
-pub fn block_hash(
-    parent: Option<BlockHash>,
-    tokens: &[u32],
-    start_pos: usize,
-    extra: &[ExtraKey],
-) -> BlockHash {
+pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32], start_pos: usize, extra: &[ExtraKey]) -> BlockHash {
     let mut h = DefaultHasher::new();
     parent.hash(&mut h);
     tokens.hash(&mut h);
     let end_pos = start_pos + tokens.len();
-    for k in extra
-        .iter()
-        .filter(|k| k.start < end_pos && k.end > start_pos)
-    {
+    for k in extra.iter().filter(|k| k.start < end_pos && k.end > start_pos) {
         k.hash(&mut h);
     }
     h.finish()
 }
 
 impl KvManager {
-    pub fn new(
-        num_blocks: usize,
-        block_size: usize,
-        prefix_caching: bool,
-        book: &mut Registries,
-    ) -> Self {
+    pub fn new(num_blocks: usize, block_size: usize, prefix_caching: bool, book: &mut Registries) -> Self {
         assert!(block_size > 0);
         KvManager {
             pool: BlockPool::new(num_blocks, book),
@@ -108,10 +95,7 @@ impl KvManager {
     }
 
     pub fn block_table(&self, seq: SeqId) -> &[BlockId] {
-        self.tables
-            .get(&seq)
-            .map(|t| t.blocks.as_slice())
-            .unwrap_or(&[])
+        self.tables.get(&seq).map(|t| t.blocks.as_slice()).unwrap_or(&[])
     }
 
     pub fn blocks_for(&self, num_tokens: usize) -> usize {
@@ -127,11 +111,7 @@ impl KvManager {
         let max_blocks = (tokens.len() - 1) / self.block_size;
         let mut hits = Vec::new();
         let mut parent = None;
-        for (i, chunk) in tokens
-            .chunks_exact(self.block_size)
-            .take(max_blocks)
-            .enumerate()
-        {
+        for (i, chunk) in tokens.chunks_exact(self.block_size).take(max_blocks).enumerate() {
             let h = block_hash(parent, chunk, i * self.block_size, extra);
             match self.pool.lookup(h) {
                 Some(id) => hits.push(id),
@@ -166,36 +146,19 @@ impl KvManager {
                 (hits.len(), false)
             }
         };
-        let revived = if existing.is_none() {
-            hits.iter()
-                .filter(|&&b| self.pool.ref_count(b) == 0)
-                .count()
-        } else {
-            0
-        };
+        let revived =
+            if existing.is_none() { hits.iter().filter(|&&b| self.pool.ref_count(b) == 0).count() } else { 0 };
         let new_blocks = self.blocks_for(total_tokens).saturating_sub(have) + usize::from(cow);
         let available = self.pool.num_available();
         if new_blocks + revived > available {
-            return Err(NoFreeBlocks {
-                needed: new_blocks + revived,
-                available,
-            });
+            return Err(NoFreeBlocks { needed: new_blocks + revived, available });
         }
         if existing.is_none() {
             for &b in hits {
                 self.pool.incref(b);
             }
-            let hashes = hits
-                .iter()
-                .map(|&b| self.pool.hash_of(b).expect("hit block has a hash"))
-                .collect();
-            self.tables.insert(
-                seq,
-                Table {
-                    blocks: hits.to_vec(),
-                    hashes,
-                },
-            );
+            let hashes = hits.iter().map(|&b| self.pool.hash_of(b).expect("hit block has a hash")).collect();
+            self.tables.insert(seq, Table { blocks: hits.to_vec(), hashes });
         }
         let mut copies = Vec::new();
         let pool = &mut self.pool;
@@ -226,12 +189,7 @@ impl KvManager {
         let full = (num_computed / bs).min(table.blocks.len());
         while table.hashes.len() < full {
             let i = table.hashes.len();
-            let h = block_hash(
-                table.hashes.last().copied(),
-                &tokens[i * bs..(i + 1) * bs],
-                i * bs,
-                extra,
-            );
+            let h = block_hash(table.hashes.last().copied(), &tokens[i * bs..(i + 1) * bs], i * bs, extra);
             self.pool.publish(table.blocks[i], h);
             table.hashes.push(h);
         }
@@ -239,14 +197,8 @@ impl KvManager {
 
     /// Gives `child` the blocks of `parent`, shared.
     pub fn fork(&mut self, parent: SeqId, child: SeqId) {
-        assert!(
-            !self.tables.contains_key(&child),
-            "seq {child} forked twice"
-        );
-        let t = self
-            .tables
-            .get(&parent)
-            .expect("fork of a sequence without blocks");
+        assert!(!self.tables.contains_key(&child), "seq {child} forked twice");
+        let t = self.tables.get(&parent).expect("fork of a sequence without blocks");
         let (blocks, hashes) = (t.blocks.clone(), t.hashes.clone());
         for &b in &blocks {
             self.pool.incref(b);
@@ -281,9 +233,7 @@ impl KvManager {
         for (i, &r) in refs.iter().enumerate() {
             let have = self.pool.ref_count(i as u32);
             if have != r {
-                return Err(format!(
-                    "block {i} has {have} references but tables hold {r}"
-                ));
+                return Err(format!("block {i} has {have} references but tables hold {r}"));
             }
         }
         Ok(())
@@ -333,11 +283,7 @@ mod tests {
         // Exactly two full blocks: the last one is left to compute.
         assert_eq!(m.prefix_hits(&prompt[..8], &[]).len(), 1);
         // Other extra keys: no hit.
-        let img = [ExtraKey {
-            start: 0,
-            end: 2,
-            hash: 9,
-        }];
+        let img = [ExtraKey { start: 0, end: 2, hash: 9 }];
         assert!(m.prefix_hits(&prompt, &img).is_empty());
         m.allocate(2, &hits, 8, 9).unwrap();
         assert_eq!(&m.block_table(2)[..2], &hits[..]);
@@ -347,13 +293,7 @@ mod tests {
     #[test]
     fn allocation_is_all_or_nothing() {
         let mut m = kv(2);
-        assert_eq!(
-            m.allocate(1, &[], 0, 12),
-            Err(NoFreeBlocks {
-                needed: 3,
-                available: 2
-            })
-        );
+        assert_eq!(m.allocate(1, &[], 0, 12), Err(NoFreeBlocks { needed: 3, available: 2 }));
         assert!(!m.has_table(1));
         assert_eq!(m.counts().used, 0);
     }

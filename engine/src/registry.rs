@@ -66,37 +66,21 @@ impl Registries {
     }
 
     fn register(&mut self, name: &'static str, kind: MetricKind) -> Arc<AtomicU64> {
-        assert!(
-            self.entries.iter().all(|e| e.name != name),
-            "registry {name} registered twice"
-        );
-        assert!(
-            name.starts_with("registry."),
-            "registry name {name} must start with registry."
-        );
+        assert!(self.entries.iter().all(|e| e.name != name), "registry {name} registered twice");
+        assert!(name.starts_with("registry."), "registry name {name} must start with registry.");
         let len = Arc::new(AtomicU64::new(0));
-        self.entries.push(Entry {
-            name,
-            kind,
-            len: Arc::clone(&len),
-        });
+        self.entries.push(Entry { name, kind, len: Arc::clone(&len) });
         len
     }
 
     /// A tracked ordered map named `name` (e.g. `registry.requests`).
     pub fn map<K: Ord, V>(&mut self, name: &'static str, kind: MetricKind) -> TrackedMap<K, V> {
-        TrackedMap {
-            inner: BTreeMap::new(),
-            len: self.register(name, kind),
-        }
+        TrackedMap { inner: BTreeMap::new(), len: self.register(name, kind) }
     }
 
     /// A tracked FIFO queue named `name`.
     pub fn queue<T>(&mut self, name: &'static str, kind: MetricKind) -> TrackedQueue<T> {
-        TrackedQueue {
-            inner: VecDeque::new(),
-            len: self.register(name, kind),
-        }
+        TrackedQueue { inner: VecDeque::new(), len: self.register(name, kind) }
     }
 
     /// The current size of every tracked structure, in registration order.
@@ -195,11 +179,7 @@ impl<T: PartialEq> TrackedQueue<T> {
     }
     /// Removes the first element equal to `v`; true if one was there.
     pub fn remove_item(&mut self, v: &T) -> bool {
-        let found = self
-            .inner
-            .iter()
-            .position(|x| x == v)
-            .map(|i| self.inner.remove(i));
+        let found = self.inner.iter().position(|x| x == v).map(|i| self.inner.remove(i));
         self.sync();
         found.is_some()
     }
@@ -231,16 +211,12 @@ mod tests {
     fn book_counts_every_structure() {
         let mut book = Registries::new();
         let mut m: TrackedMap<u32, u32> = book.map("registry.a", MetricKind::PerRequest);
-        let mut q: TrackedQueue<u32> =
-            book.queue("registry.b", MetricKind::Bounded { capacity: 4 });
+        let mut q: TrackedQueue<u32> = book.queue("registry.b", MetricKind::Bounded { capacity: 4 });
         m.insert(1, 1);
         m.insert(2, 2);
         q.push_back(7);
         let got: Vec<(String, u64)> = book.metrics().map(|m| (m.name, m.value)).collect();
-        assert_eq!(
-            got,
-            vec![("registry.a".into(), 2), ("registry.b".into(), 1)]
-        );
+        assert_eq!(got, vec![("registry.a".into(), 2), ("registry.b".into(), 1)]);
         m.remove(&1);
         assert!(q.remove_item(&7));
         assert!(!q.remove_item(&7));

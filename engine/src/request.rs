@@ -46,12 +46,14 @@ impl Default for SamplingParams {
     }
 }
 
-/// A request to add to the engine.
+/// A request to add to the engine. Each `IMAGE_PAD` token of the prompt stands for one image, in
+/// order; the engine expands it to as many positions as the vision encoder produces for that image.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     pub id: RequestId,
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
+    pub images: Vec<crate::multimodal::image::ImageInput>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,9 +96,6 @@ impl RequestOutput {
                 return r;
             }
         }
-        self.seqs
-            .first()
-            .map(|s| s.finish)
-            .unwrap_or(FinishReason::Aborted)
+        self.seqs.first().map(|s| s.finish).unwrap_or(FinishReason::Aborted)
     }
 }

@@ -28,19 +28,12 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> 
     let inv_t = 1.0 / params.temperature as f64;
     // Candidates sorted by logit, highest first, ties by lower id (a total order: deterministic).
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    idx.sort_by(|&a, &b| {
-        logits[b as usize]
-            .total_cmp(&logits[a as usize])
-            .then(a.cmp(&b))
-    });
+    idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
     if params.top_k > 0 {
         idx.truncate(params.top_k as usize);
     }
     let max = logits[idx[0] as usize] as f64;
-    let weights: Vec<f64> = idx
-        .iter()
-        .map(|&i| ((logits[i as usize] as f64 - max) * inv_t).exp())
-        .collect();
+    let weights: Vec<f64> = idx.iter().map(|&i| ((logits[i as usize] as f64 - max) * inv_t).exp()).collect();
     let total: f64 = weights.iter().sum();
     let mut keep = weights.len();
     if params.top_p < 1.0 {
@@ -79,12 +72,7 @@ mod tests {
     use super::*;
 
     fn params(t: f32, k: u32, p: f32) -> SamplingParams {
-        SamplingParams {
-            temperature: t,
-            top_k: k,
-            top_p: p,
-            ..SamplingParams::default()
-        }
+        SamplingParams { temperature: t, top_k: k, top_p: p, ..SamplingParams::default() }
     }
 
     #[test]
@@ -109,9 +97,7 @@ mod tests {
         let logits = vec![0.0f32; 64];
         let draw = |seed, i| {
             let mut r = seq_rng(seed, i);
-            (0..8)
-                .map(|_| sample(&logits, &params(1.0, 0, 1.0), &mut r))
-                .collect::<Vec<_>>()
+            (0..8).map(|_| sample(&logits, &params(1.0, 0, 1.0), &mut r)).collect::<Vec<_>>()
         };
         assert_eq!(draw(5, 0), draw(5, 0));
         assert_ne!(draw(5, 0), draw(5, 1));

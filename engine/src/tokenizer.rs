@@ -8,11 +8,19 @@ pub const BYTE_OFFSET: u32 = 3;
 /// The smallest vocabulary that holds every byte.
 pub const MIN_VOCAB: usize = BYTE_OFFSET as usize + 256;
 
-/// Text to token ids, with a leading BOS.
+/// The text that stands for `IMAGE_PAD` in a prompt.
+pub const IMAGE_PAD_TEXT: &str = "<|image_pad|>";
+
+/// Text to token ids, with a leading BOS; each `<|image_pad|>` becomes one `IMAGE_PAD` token.
 pub fn encode(text: &str) -> Vec<u32> {
-    std::iter::once(BOS)
-        .chain(text.bytes().map(|b| BYTE_OFFSET + b as u32))
-        .collect()
+    let mut out = vec![BOS];
+    for (k, part) in text.split(IMAGE_PAD_TEXT).enumerate() {
+        if k > 0 {
+            out.push(IMAGE_PAD);
+        }
+        out.extend(part.bytes().map(|b| BYTE_OFFSET + b as u32));
+    }
+    out
 }
 
 /// Token ids to text: bytes decoded lossily, specials and ids beyond bytes written as `<id>`.
@@ -49,5 +57,7 @@ mod tests {
         assert_eq!(ids[0], super::BOS);
         assert_eq!(super::decode(&ids[1..]), "héllo");
         assert_eq!(super::decode(&[super::EOS]), "<eos>");
+        let ids = super::encode("a<|image_pad|>b");
+        assert_eq!(ids, vec![super::BOS, super::BYTE_OFFSET + 97, super::IMAGE_PAD, super::BYTE_OFFSET + 98]);
     }
 }

@@ -85,10 +85,7 @@ fn each_bad_request_is_refused_and_leaves_nothing() {
         (
             {
                 let mut r = ok();
-                r.params = SamplingParams {
-                    n: 1000,
-                    ..r.params
-                };
+                r.params = SamplingParams { n: 1000, ..r.params };
                 r
             },
             "max_num_seqs",
@@ -115,10 +112,7 @@ fn asleep_refuses_requests_and_busy_refuses_sleep() {
     assert_eq!(e.sleep(3), Err(EngineError::BadSleepLevel(3)));
     drain(&mut e, 100);
     e.sleep(2).unwrap();
-    assert_eq!(
-        e.add_request(req(2, prompt(2, 8), 1, 4, 1)),
-        Err(EngineError::Asleep(2))
-    );
+    assert_eq!(e.add_request(req(2, prompt(2, 8), 1, 4, 1)), Err(EngineError::Asleep(2)));
     assert_eq!(e.check_idle(), Ok(()));
     e.wake().unwrap();
     assert_eq!(e.wake(), Err(EngineError::NotAsleep));
@@ -133,10 +127,6 @@ fn a_sequence_that_outgrows_the_pool_ends_in_error() {
     e.add_request(req(1, prompt(1, 8), 1, 40, 1)).unwrap();
     let outs = drain(&mut e, 200);
     assert_eq!(outs[0].finish(), plateau_engine::FinishReason::Error);
-    assert!(outs[0]
-        .error
-        .as_deref()
-        .unwrap()
-        .contains("KV cache too small"));
+    assert!(outs[0].error.as_deref().unwrap().contains("KV cache too small"));
     assert_eq!(e.check_idle(), Ok(()));
 }

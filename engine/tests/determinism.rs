@@ -6,25 +6,14 @@ use std::collections::BTreeMap;
 
 use common::*;
 
-fn run(
-    order: &[u64],
-    batch_tokens: usize,
-    max_seqs: usize,
-    seed_offset: u64,
-) -> BTreeMap<u64, Vec<Vec<u32>>> {
+fn run(order: &[u64], batch_tokens: usize, max_seqs: usize, seed_offset: u64) -> BTreeMap<u64, Vec<Vec<u32>>> {
     let mut e = engine_with(|c| {
         c.max_num_batched_tokens = batch_tokens;
         c.max_num_seqs = max_seqs;
     });
     let mut outs = BTreeMap::new();
     for (k, &i) in order.iter().enumerate() {
-        let mut r = req(
-            i,
-            prompt(i, 5 + i as usize * 3),
-            2,
-            10,
-            100 + i + seed_offset,
-        );
+        let mut r = req(i, prompt(i, 5 + i as usize * 3), 2, 10, 100 + i + seed_offset);
         r.params.temperature = 0.9;
         r.params.top_p = 0.95;
         e.add_request(r).unwrap();
@@ -75,16 +64,9 @@ fn preemption_does_not_change_tokens() {
         r.params.top_p = 0.95;
         e.add_request(r).unwrap();
     }
-    let outs: BTreeMap<u64, Vec<Vec<u32>>> = drain(&mut e, 10_000)
-        .into_iter()
-        .map(|o| (o.id, o.seqs.into_iter().map(|s| s.tokens).collect()))
-        .collect();
-    let preemptions = e
-        .stats()
-        .into_iter()
-        .find(|m| m.name == "engine.preemptions")
-        .unwrap()
-        .value;
+    let outs: BTreeMap<u64, Vec<Vec<u32>>> =
+        drain(&mut e, 10_000).into_iter().map(|o| (o.id, o.seqs.into_iter().map(|s| s.tokens).collect())).collect();
+    let preemptions = e.stats().into_iter().find(|m| m.name == "engine.preemptions").unwrap().value;
     assert!(preemptions > 0, "the small pool should force preemption");
     assert_eq!(outs, roomy);
     assert_eq!(e.check_idle(), Ok(()));

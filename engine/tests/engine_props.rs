@@ -21,24 +21,15 @@ struct Spec {
 }
 
 fn spec() -> impl Strategy<Value = Spec> {
-    (
-        1usize..40,
-        1u32..4,
-        prop_oneof![Just(1u32), 1u32..12],
-        prop::option::of(0usize..30),
-        0usize..10,
-        any::<bool>(),
-    )
-        .prop_map(
-            |(prompt_len, n, max_tokens, abort_at, arrive_at, shared_prefix)| Spec {
-                prompt_len,
-                n,
-                max_tokens,
-                abort_at,
-                arrive_at,
-                shared_prefix,
-            },
-        )
+    (1usize..40, 1u32..4, prop_oneof![Just(1u32), 1u32..12], prop::option::of(0usize..30), 0usize..10, any::<bool>())
+        .prop_map(|(prompt_len, n, max_tokens, abort_at, arrive_at, shared_prefix)| Spec {
+            prompt_len,
+            n,
+            max_tokens,
+            abort_at,
+            arrive_at,
+            shared_prefix,
+        })
 }
 
 proptest! {

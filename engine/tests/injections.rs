@@ -29,12 +29,7 @@ fn violated(i: Option<Injection>) -> Vec<String> {
         None => engine_with(|_| {}),
     };
     workload(&mut e);
-    e.check_idle()
-        .err()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|v| v.metric)
-        .collect()
+    e.check_idle().err().unwrap_or_default().into_iter().map(|v| v.metric).collect()
 }
 
 #[test]
@@ -66,19 +61,9 @@ fn sleep_keeps_kv_leaves_a_second_pool() {
     let v = violated(Some(Injection::SleepKeepsKv));
     assert_eq!(v, vec!["registry.kv_pools".to_string()]);
     let mut e = injected(Injection::SleepKeepsKv);
-    let pool = e
-        .stats()
-        .into_iter()
-        .find(|m| m.name == "engine.kv_pool_bytes")
-        .unwrap()
-        .value;
+    let pool = e.stats().into_iter().find(|m| m.name == "engine.kv_pool_bytes").unwrap().value;
     workload(&mut e);
-    let after = e
-        .stats()
-        .into_iter()
-        .find(|m| m.name == "engine.kv_pool_bytes")
-        .unwrap()
-        .value;
+    let after = e.stats().into_iter().find(|m| m.name == "engine.kv_pool_bytes").unwrap().value;
     assert_eq!(after, 4 * pool, "three sleep cycles keep three old pools");
 }
 

@@ -5,11 +5,7 @@ mod common;
 use common::*;
 
 fn stat(e: &plateau_engine::Engine, name: &str) -> u64 {
-    e.stats()
-        .into_iter()
-        .find(|m| m.name == name)
-        .unwrap_or_else(|| panic!("no metric {name}"))
-        .value
+    e.stats().into_iter().find(|m| m.name == name).unwrap_or_else(|| panic!("no metric {name}")).value
 }
 
 #[test]
@@ -22,11 +18,7 @@ fn n_sequences_share_the_prompt_blocks() {
     // Three sequences over 3 prompt blocks: the 2 full ones shared; each wrote its first token in
     // its own copy of the partial block (copy-on-write) on the next step.
     e.step().unwrap();
-    assert_eq!(
-        stat(&e, "engine.block_copies"),
-        2,
-        "two of the three siblings copy the partial block"
-    );
+    assert_eq!(stat(&e, "engine.block_copies"), 2, "two of the three siblings copy the partial block");
     assert_eq!(stat(&e, "registry.kv.blocks_used"), 2 + 3);
     drain(&mut e, 100);
     assert_eq!(e.check_idle(), Ok(()));
@@ -41,18 +33,9 @@ fn repeated_prompt_hits_the_prefix_cache() {
     assert_eq!(first[0].cached_prompt_tokens, 0);
     e.add_request(req(2, prompt(1, 21), 1, 2, 1)).unwrap();
     let second = drain(&mut e, 100);
-    assert_eq!(
-        second[0].cached_prompt_tokens, 20,
-        "5 full blocks of 4 tokens hit"
-    );
+    assert_eq!(second[0].cached_prompt_tokens, 20, "5 full blocks of 4 tokens hit");
     assert_eq!(stat(&e, "engine.prefix_cache_hit_tokens"), 20);
-    assert_eq!(
-        stat(&e, "engine.prompt_tokens_computed") - computed_first,
-        1
-    );
-    assert_eq!(
-        first[0].seqs[0].tokens, second[0].seqs[0].tokens,
-        "a hit computes the same tokens"
-    );
+    assert_eq!(stat(&e, "engine.prompt_tokens_computed") - computed_first, 1);
+    assert_eq!(first[0].seqs[0].tokens, second[0].seqs[0].tokens, "a hit computes the same tokens");
     assert_eq!(e.check_idle(), Ok(()));
 }

@@ -33,13 +33,7 @@ fn lines(s: &Samples, pick: impl Fn(&str, Kind, &str) -> bool, scale: f64) -> Ve
             pick(n, spec.kind, &spec.unit)
         })
         .map(|(i, n)| {
-            (
-                n.clone(),
-                s.rows
-                    .iter()
-                    .filter_map(|r| r.values[i].map(|v| (r.t, v / scale)))
-                    .collect::<Vec<_>>(),
-            )
+            (n.clone(), s.rows.iter().filter_map(|r| r.values[i].map(|v| (r.t, v / scale))).collect::<Vec<_>>())
         })
         .filter(|(_, pts)| !pts.is_empty())
         .collect()
@@ -56,20 +50,9 @@ where
 {
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let x_max = data
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|q| q.0))
-        .fold(1e-9, f64::max);
-    let y_max = data
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|q| q.1))
-        .fold(1e-9, f64::max)
-        * 1.08;
-    let y_min = data
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|q| q.1))
-        .fold(f64::INFINITY, f64::min)
-        .min(0.0);
+    let x_max = data.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)).fold(1e-9, f64::max);
+    let y_max = data.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)).fold(1e-9, f64::max) * 1.08;
+    let y_min = data.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)).fold(f64::INFINITY, f64::min).min(0.0);
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
         .margin(12)
@@ -77,22 +60,14 @@ where
         .y_label_area_size(64)
         .build_cartesian_2d(0.0..x_max, y_min..y_max)
         .map_err(e)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc(y_label)
-        .label_style(("sans-serif", 13))
-        .draw()
-        .map_err(e)?;
+    chart.configure_mesh().x_desc("seconds").y_desc(y_label).label_style(("sans-serif", 13)).draw().map_err(e)?;
     for (k, (name, pts)) in data.iter().enumerate() {
         let color = Palette99::pick(k).to_rgba();
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
             .map_err(e)?
             .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-            });
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
     }
     chart
         .configure_series_labels()
@@ -108,40 +83,18 @@ where
 /// Draws `memory.{svg,png}` and `registries.{svg,png}` into `dir`; returns the files written.
 pub fn plot_run(s: &Samples, dir: &Path) -> Result<Vec<PathBuf>, String> {
     register_font();
-    let title = format!(
-        "{} (seed {}, {})",
-        s.header.scenario, s.header.seed, s.header.backend
-    );
-    let memory = lines(
-        s,
-        |_, k, u| k == Kind::Gauge && u == "bytes",
-        1024.0 * 1024.0,
-    );
-    let registries = lines(
-        s,
-        |n, k, u| u == "count" && n.starts_with("registry.") && k != Kind::Counter,
-        1.0,
-    );
+    let title = format!("{} (seed {}, {})", s.header.scenario, s.header.seed, s.header.backend);
+    let memory = lines(s, |_, k, u| k == Kind::Gauge && u == "bytes", 1024.0 * 1024.0);
+    let registries = lines(s, |n, k, u| u == "count" && n.starts_with("registry.") && k != Kind::Counter, 1.0);
     let mut written = Vec::new();
-    for (stem, what, label, data) in [
-        ("memory", "memory", "MiB", &memory),
-        ("registries", "registries", "entries", &registries),
-    ] {
+    for (stem, what, label, data) in
+        [("memory", "memory", "MiB", &memory), ("registries", "registries", "entries", &registries)]
+    {
         let t = format!("{title}: {what}");
         let svg = dir.join(format!("{stem}.svg"));
-        draw(
-            SVGBackend::new(&svg, (1100, 620)).into_drawing_area(),
-            &t,
-            label,
-            data,
-        )?;
+        draw(SVGBackend::new(&svg, (1100, 620)).into_drawing_area(), &t, label, data)?;
         let png = dir.join(format!("{stem}.png"));
-        draw(
-            BitMapBackend::new(&png, (1100, 620)).into_drawing_area(),
-            &t,
-            label,
-            data,
-        )?;
+        draw(BitMapBackend::new(&png, (1100, 620)).into_drawing_area(), &t, label, data)?;
         written.extend([svg, png]);
     }
     Ok(written)

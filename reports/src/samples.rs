@@ -101,11 +101,7 @@ impl Samples {
 
     /// The (iter, value) series of one metric at quiescent points.
     pub fn quiescent_series(&self, i: usize) -> Vec<(u64, f64)> {
-        self.rows
-            .iter()
-            .filter(|r| r.quiescent)
-            .filter_map(|r| r.values[i].map(|v| (r.iter, v)))
-            .collect()
+        self.rows.iter().filter(|r| r.quiescent).filter_map(|r| r.values[i].map(|v| (r.iter, v))).collect()
     }
 
     /// Reads a samples file.
@@ -137,29 +133,15 @@ impl Samples {
         match v.get("schema").and_then(|s| s.as_str()) {
             Some(SAMPLES_SCHEMA) => {}
             Some(other) => {
-                return Err(err(
-                    1,
-                    "schema",
-                    format!("`{other}` is not supported; this reader takes {SAMPLES_SCHEMA}"),
-                ))
+                return Err(err(1, "schema", format!("`{other}` is not supported; this reader takes {SAMPLES_SCHEMA}")))
             }
-            None => {
-                return Err(err(
-                    1,
-                    "schema",
-                    format!("missing; expected \"{SAMPLES_SCHEMA}\""),
-                ))
-            }
+            None => return Err(err(1, "schema", format!("missing; expected \"{SAMPLES_SCHEMA}\""))),
         }
-        let header: Header = serde_json::from_value(v)
-            .map_err(|e| err(1, &header_field(&e.to_string()), e.to_string()))?;
+        let header: Header =
+            serde_json::from_value(v).map_err(|e| err(1, &header_field(&e.to_string()), e.to_string()))?;
         for (name, spec) in &header.metrics {
             if spec.kind == Kind::Bounded && spec.capacity.is_none() {
-                return Err(err(
-                    1,
-                    &format!("metrics.{name}.capacity"),
-                    "a bounded metric needs a capacity".into(),
-                ));
+                return Err(err(1, &format!("metrics.{name}.capacity"), "a bounded metric needs a capacity".into()));
             }
         }
         let names: Vec<String> = header.metrics.keys().cloned().collect();
@@ -178,20 +160,13 @@ impl Samples {
             match serde_json::from_str::<SampleLine>(&line) {
                 Ok(s) => {
                     let values = names.iter().map(|m| s.values.get(m).copied()).collect();
-                    rows.push(Row {
-                        t: s.t,
-                        iter: s.iter,
-                        quiescent: s.quiescent,
-                        values,
-                    });
+                    rows.push(Row { t: s.t, iter: s.iter, quiescent: s.quiescent, values });
                 }
                 Err(_) => pending = Some((n, line)),
             }
         }
         let truncated_tail = match pending {
-            Some((n, l))
-                if serde_json::from_str::<serde_json::Value>(&l).is_err() && !rows.is_empty() =>
-            {
+            Some((n, l)) if serde_json::from_str::<serde_json::Value>(&l).is_err() && !rows.is_empty() => {
                 let _ = n;
                 true
             }
@@ -201,20 +176,11 @@ impl Samples {
         if rows.is_empty() {
             return Err(err(2, "sample", "no samples after the header".into()));
         }
-        Ok(Samples {
-            header,
-            names,
-            rows,
-            truncated_tail,
-        })
+        Ok(Samples { header, names, rows, truncated_tail })
     }
 }
 
-fn bad_line(
-    err: &impl Fn(usize, &str, String) -> SamplesError,
-    n: usize,
-    line: &str,
-) -> SamplesError {
+fn bad_line(err: &impl Fn(usize, &str, String) -> SamplesError, n: usize, line: &str) -> SamplesError {
     let v: serde_json::Value = match serde_json::from_str(line) {
         Ok(v) => v,
         Err(e) => return err(n, "sample", format!("not JSON: {e}")),
@@ -244,9 +210,7 @@ fn bad_line(
 }
 
 fn header_field(msg: &str) -> String {
-    for f in [
-        "scenario", "seed", "backend", "metrics", "kind", "unit", "capacity",
-    ] {
+    for f in ["scenario", "seed", "backend", "metrics", "kind", "unit", "capacity"] {
         if msg.contains(&format!("`{f}`")) {
             return f.to_string();
         }
@@ -277,20 +241,12 @@ mod tests {
 
     #[test]
     fn errors_name_line_and_field() {
-        assert!(parse("")
-            .unwrap_err()
-            .to_string()
-            .contains("x.jsonl:1: header: the file is empty"));
+        assert!(parse("").unwrap_err().to_string().contains("x.jsonl:1: header: the file is empty"));
         let e = parse(&HEADER.replace("v1", "v2")).unwrap_err().to_string();
-        assert!(
-            e.contains(":1: schema:") && e.contains("plateau.samples.v2"),
-            "{e}"
-        );
-        let e = parse(&format!(
-            "{HEADER}\n{{\"t\":1,\"iter\":\"x\",\"quiescent\":true,\"values\":{{}}}}\n{{}}\n"
-        ))
-        .unwrap_err()
-        .to_string();
+        assert!(e.contains(":1: schema:") && e.contains("plateau.samples.v2"), "{e}");
+        let e = parse(&format!("{HEADER}\n{{\"t\":1,\"iter\":\"x\",\"quiescent\":true,\"values\":{{}}}}\n{{}}\n"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(":2: iter: \"x\" is not"), "{e}");
         let e = parse(&format!("{HEADER}\n")).unwrap_err().to_string();
         assert!(e.contains("no samples"), "{e}");

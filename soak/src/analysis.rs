@@ -58,17 +58,12 @@ pub fn judge_file(
     let cfg = cfg.unwrap_or_else(|| default_config(&s));
     let mut v = analyze(&s, &cfg, incomplete);
     let snap_path = samples.with_file_name("mappings.json");
-    if let Some(snap) = std::fs::read(&snap_path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<MappingSnapshots>(&b).ok())
+    if let Some(snap) = std::fs::read(&snap_path).ok().and_then(|b| serde_json::from_slice::<MappingSnapshots>(&b).ok())
     {
         let grown = snap.grown();
         if let Some((name, dc, db)) = grown.first() {
             let outside = v.metrics.iter().any(|m| {
-                m.status == Status::Fail
-                    && m.location
-                        .as_deref()
-                        .is_some_and(|l| l.starts_with("outside the heap"))
+                m.status == Status::Fail && m.location.as_deref().is_some_and(|l| l.starts_with("outside the heap"))
             });
             if outside {
                 let line = format!(
@@ -95,10 +90,7 @@ pub fn judge_file(
 pub fn default_config(s: &Samples) -> DetectorConfig {
     let iterations = s.rows.iter().map(|r| r.iter).max().unwrap_or(0);
     let warmup = s.header.warmup_iterations.unwrap_or(iterations / 5);
-    DetectorConfig {
-        warmup_iterations: warmup,
-        ..DetectorConfig::default()
-    }
+    DetectorConfig { warmup_iterations: warmup, ..DetectorConfig::default() }
 }
 
 /// Writes verdict.json and the plots into `dir`. Plot failures are reported, not fatal.
@@ -108,27 +100,16 @@ pub fn write_outputs(dir: &Path, s: &Samples, v: &Verdict) -> std::io::Result<()
     json.push('\n');
     std::fs::write(dir.join("verdict.json"), json)?;
     if let Err(e) = plateau_reports::plot::plot_run(s, dir) {
-        eprintln!(
-            "plateau: warning: plots in {} not drawn: {e}",
-            dir.display()
-        );
+        eprintln!("plateau: warning: plots in {} not drawn: {e}", dir.display());
     }
     Ok(())
 }
 
 /// A short human summary of a verdict: the summary line, then each failing or warning metric.
 pub fn describe(v: &Verdict) -> String {
-    let mut out = format!(
-        "verdict: {}{}\n",
-        v.summary,
-        if v.incomplete { " (incomplete)" } else { "" }
-    );
+    let mut out = format!("verdict: {}{}\n", v.summary, if v.incomplete { " (incomplete)" } else { "" });
     for m in v.metrics.iter().filter(|m| m.status != Status::Pass) {
-        let status = if m.status == Status::Fail {
-            "FAIL"
-        } else {
-            "warn"
-        };
+        let status = if m.status == Status::Fail { "FAIL" } else { "warn" };
         out.push_str(&format!("  {status} {} ({}): {}", m.name, m.kind, m.reason));
         if let Some(l) = &m.location {
             out.push_str(&format!(" [{l}]"));

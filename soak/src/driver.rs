@@ -88,28 +88,19 @@ pub struct AbortCounts {
 }
 
 /// Builds the engine a scenario describes.
-pub fn build_engine(
-    s: &Scenario,
-    backend: &str,
-    injections: Injections,
-    seed: u64,
-) -> Result<Engine, RunError> {
+pub fn build_engine(s: &Scenario, backend: &str, injections: Injections, seed: u64) -> Result<Engine, RunError> {
     match backend {
         "cpu" | "auto" => {}
-        "cuda" => {
-            return Err(RunError::Input(
-                "backend cuda: no CUDA backend in this build (the CUDA backend is not implemented yet); use --backend cpu".into(),
-            ))
-        }
+        "cuda" => return Err(RunError::Input(
+            "backend cuda: no CUDA backend in this build (the CUDA backend is not implemented yet); use --backend cpu"
+                .into(),
+        )),
         other => return Err(RunError::Input(format!("backend `{other}` is not one of cpu, cuda, auto"))),
     }
     let e = &s.engine;
     let model = match &e.weights {
         Some(dir) => WeightSource::Dir(dir.clone()),
-        None => WeightSource::Preset {
-            name: e.preset.clone(),
-            seed: e.weights_seed,
-        },
+        None => WeightSource::Preset { name: e.preset.clone(), seed: e.weights_seed },
     };
     let config = EngineConfig {
         model,
@@ -153,22 +144,11 @@ impl Driver<'_> {
         cost_us.insert("engine".into(), t0.elapsed().as_secs_f64() * 1e6);
         if quiescent && self.accounting.is_none() {
             if let Err(v) = self.engine.check_idle() {
-                self.accounting = Some(
-                    v.iter()
-                        .map(|x| x.metric.clone())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                );
+                self.accounting = Some(v.iter().map(|x| x.metric.clone()).collect::<Vec<_>>().join(", "));
             }
         }
         self.rss_bytes = values.get("proc.rss").copied().unwrap_or(0.0);
-        let line = SampleLine {
-            t: self.start.elapsed().as_secs_f64(),
-            iter: self.iter,
-            quiescent,
-            values,
-            cost_us,
-        };
+        let line = SampleLine { t: self.start.elapsed().as_secs_f64(), iter: self.iter, quiescent, values, cost_us };
         serde_json::to_writer(&mut self.out, &line).map_err(|e| self.io_err(e.into()))?;
         self.out.write_all(b"\n").map_err(|e| self.io_err(e))?;
         self.last_sample = Instant::now();
@@ -180,10 +160,7 @@ impl Driver<'_> {
     }
 
     fn engine_err(&self, what: &str, e: impl std::fmt::Display) -> RunError {
-        RunError::Harness(format!(
-            "engine failed at iteration {} ({what}): {e}",
-            self.iter + 1
-        ))
+        RunError::Harness(format!("engine failed at iteration {} ({what}): {e}", self.iter + 1))
     }
 
     /// Steps the engine until nothing is in flight, aborting `targets` when they reach their stage.
@@ -216,10 +193,7 @@ impl Driver<'_> {
                 return Ok(());
             }
             self.engine.step().map_err(|e| self.engine_err("step", e))?;
-            if self
-                .interval
-                .is_some_and(|i| self.last_sample.elapsed() >= i)
-            {
+            if self.interval.is_some_and(|i| self.last_sample.elapsed() >= i) {
                 self.sample(false)?;
             }
         }
@@ -246,13 +220,10 @@ impl Driver<'_> {
                 let reqs = self.workload.batch(index, b, iter);
                 let ids: Vec<u64> = reqs.iter().map(|r| r.id).collect();
                 let vocab = self.engine.model_config().vocab_size;
-                let mut invalid = (0..b.invalid as u64)
-                    .map(|k| self.workload.invalid(k + iter, vocab))
-                    .collect::<Vec<_>>();
+                let mut invalid =
+                    (0..b.invalid as u64).map(|k| self.workload.invalid(k + iter, vocab)).collect::<Vec<_>>();
                 for (k, r) in reqs.into_iter().enumerate() {
-                    self.engine
-                        .add_request(r)
-                        .map_err(|e| self.engine_err("add_request", e))?;
+                    self.engine.add_request(r).map_err(|e| self.engine_err("add_request", e))?;
                     // Invalid requests are spread through the batch.
                     if k % 4 == 1 {
                         if let Some((bad, what)) = invalid.pop() {
@@ -272,17 +243,13 @@ impl Driver<'_> {
                 let reqs = self.workload.pressure(p, pool_tokens, c.max_num_seqs);
                 let ids: Vec<u64> = reqs.iter().map(|r| r.id).collect();
                 for r in reqs {
-                    self.engine
-                        .add_request(r)
-                        .map_err(|e| self.engine_err("add_request", e))?;
+                    self.engine.add_request(r).map_err(|e| self.engine_err("add_request", e))?;
                 }
                 let targets = self.targets(&ids, &p.abort, index);
                 self.drive(targets)
             }
             Phase::Sleep(s) => {
-                self.engine
-                    .sleep(s.level)
-                    .map_err(|e| self.engine_err("sleep", e))?;
+                self.engine.sleep(s.level).map_err(|e| self.engine_err("sleep", e))?;
                 if s.update_weights {
                     let source = match &self.scenario.engine.weights {
                         Some(dir) => WeightSource::Dir(dir.clone()),
@@ -291,9 +258,7 @@ impl Driver<'_> {
                             seed: self.scenario.engine.weights_seed.wrapping_add(iter),
                         },
                     };
-                    self.engine
-                        .update_weights(source)
-                        .map_err(|e| self.engine_err("update_weights", e))?;
+                    self.engine.update_weights(source).map_err(|e| self.engine_err("update_weights", e))?;
                 }
                 self.engine.wake().map_err(|e| self.engine_err("wake", e))
             }
@@ -306,9 +271,7 @@ impl Driver<'_> {
                 self.aborts.invalid_refused += 1;
                 Ok(())
             }
-            Ok(()) => Err(RunError::Harness(format!(
-                "the engine accepted an invalid request ({what})"
-            ))),
+            Ok(()) => Err(RunError::Harness(format!("the engine accepted an invalid request ({what})"))),
         }
     }
 }
@@ -325,22 +288,14 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         )),
         None => None,
     };
-    let limit = if duration.is_some() && opts.iterations.is_none() {
-        MAX_ITERATIONS
-    } else {
-        iterations
-    };
+    let limit = if duration.is_some() && opts.iterations.is_none() { MAX_ITERATIONS } else { iterations };
     let seed = opts.seed.unwrap_or(scenario.soak.seed);
-    let backend = opts
-        .backend
-        .clone()
-        .unwrap_or_else(|| scenario.engine.backend.clone());
+    let backend = opts.backend.clone().unwrap_or_else(|| scenario.engine.backend.clone());
     let engine = build_engine(scenario, &backend, opts.injections.clone(), seed)?;
     std::fs::create_dir_all(&opts.out_dir)
         .map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
     let samples_path = opts.out_dir.join("samples.jsonl");
-    let file = File::create(&samples_path)
-        .map_err(|e| RunError::Input(format!("{}: {e}", samples_path.display())))?;
+    let file = File::create(&samples_path).map_err(|e| RunError::Input(format!("{}: {e}", samples_path.display())))?;
     let warmup = scenario.soak.warmup_iterations.min(limit / 2);
     let mut metrics = ProcessProbes::specs("");
     for m in engine.stats() {
@@ -353,19 +308,12 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         backend: engine.backend_name().into(),
         metrics,
         warmup_iterations: Some(warmup),
-        injections: opts
-            .injections
-            .iter()
-            .map(|i| i.name().to_string())
-            .collect(),
+        injections: opts.injections.iter().map(|i| i.name().to_string()).collect(),
     };
     let mut out = BufWriter::with_capacity(64 * 1024, file);
     serde_json::to_writer(&mut out, &header).map_err(|e| RunError::Harness(e.to_string()))?;
-    out.write_all(b"\n")
-        .map_err(|e| RunError::Harness(e.to_string()))?;
-    let interval_ms = opts
-        .sample_interval_ms
-        .unwrap_or(scenario.soak.sample_interval_ms);
+    out.write_all(b"\n").map_err(|e| RunError::Harness(e.to_string()))?;
+    let interval_ms = opts.sample_interval_ms.unwrap_or(scenario.soak.sample_interval_ms);
     let now = Instant::now();
     let mut d = Driver {
         scenario,
@@ -390,10 +338,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
             indicatif::ProgressBar::new(limit)
         };
         pb.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} {pos}/{len} iterations [{elapsed_precise}] {msg}",
-            )
-            .expect("static template"),
+            indicatif::ProgressStyle::with_template("{spinner} {pos}/{len} iterations [{elapsed_precise}] {msg}")
+                .expect("static template"),
         );
         pb
     });
@@ -428,13 +374,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
                 pb.set_position(iter);
                 pb.set_message(msg);
             }
-            (None, Progress::Lines)
-                if last_line.elapsed() >= Duration::from_secs(10) || iter == limit =>
-            {
-                eprintln!(
-                    "plateau: iteration {iter}/{limit}, {:.1} s, {msg}",
-                    d.start.elapsed().as_secs_f64()
-                );
+            (None, Progress::Lines) if last_line.elapsed() >= Duration::from_secs(10) || iter == limit => {
+                eprintln!("plateau: iteration {iter}/{limit}, {:.1} s, {msg}", d.start.elapsed().as_secs_f64());
                 last_line = Instant::now();
             }
             _ => {}
@@ -454,10 +395,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     let (iterations_done, aborts) = (d.iter, d.aborts);
     drop(d);
     write_json(&opts.out_dir.join("mappings.json"), &snapshots)?;
-    let cfg = DetectorConfig {
-        warmup_iterations: warmup,
-        ..DetectorConfig::default()
-    };
+    let cfg = DetectorConfig { warmup_iterations: warmup, ..DetectorConfig::default() };
     let (samples, verdict) = judge_file(&samples_path, Some(cfg), interrupted)
         .map_err(|e| RunError::Harness(format!("reading back: {e}")))?;
     write_outputs(&opts.out_dir, &samples, &verdict)

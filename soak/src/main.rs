@@ -105,17 +105,7 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> u8 {
     match cli.command {
-        Cmd::Run {
-            scenario,
-            backend,
-            seed,
-            iterations,
-            duration,
-            inject,
-            out,
-            sample_interval_ms,
-            quiet,
-        } => {
+        Cmd::Run { scenario, backend, seed, iterations, duration, inject, out, sample_interval_ms, quiet } => {
             let (s, _) = match Scenario::load(&scenario) {
                 Ok(s) => s,
                 Err(e) => {
@@ -127,9 +117,7 @@ fn dispatch(cli: Cli) -> u8 {
             let flag = Arc::clone(&interrupt);
             // A second handler cannot be installed (selftest children run in their own process).
             let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
-            let out_dir = out.unwrap_or_else(|| {
-                PathBuf::from("runs").join(format!("{}-{}", s.name, timestamp()))
-            });
+            let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-{}", s.name, timestamp())));
             let opts = RunOptions {
                 iterations,
                 duration,
@@ -138,11 +126,7 @@ fn dispatch(cli: Cli) -> u8 {
                 backend,
                 out_dir,
                 sample_interval_ms,
-                progress: if quiet {
-                    Progress::Quiet
-                } else {
-                    Progress::detect()
-                },
+                progress: if quiet { Progress::Quiet } else { Progress::detect() },
                 interrupt,
             };
             match driver::run(&s, &opts) {
@@ -158,12 +142,7 @@ fn dispatch(cli: Cli) -> u8 {
                         r.out_dir.display()
                     );
                     if r.verdict.failed() {
-                        let inj: String = r
-                            .verdict
-                            .injections
-                            .iter()
-                            .map(|i| format!(" --inject {i}"))
-                            .collect();
+                        let inj: String = r.verdict.injections.iter().map(|i| format!(" --inject {i}")).collect();
                         eprintln!(
                             "plateau: reproduce with: plateau run {scenario} --seed {} --iterations {}{inj}",
                             r.verdict.seed, r.iterations
@@ -186,15 +165,8 @@ fn dispatch(cli: Cli) -> u8 {
                 }
             }
         }
-        Cmd::Analyze {
-            samples,
-            out,
-            warmup,
-        } => {
-            let cfg = warmup.map(|w| DetectorConfig {
-                warmup_iterations: w,
-                ..DetectorConfig::default()
-            });
+        Cmd::Analyze { samples, out, warmup } => {
+            let cfg = warmup.map(|w| DetectorConfig { warmup_iterations: w, ..DetectorConfig::default() });
             let (s, v) = match judge_file(&samples, cfg, false) {
                 Ok(x) => x,
                 Err(e) => {
@@ -202,8 +174,7 @@ fn dispatch(cli: Cli) -> u8 {
                     return USAGE;
                 }
             };
-            let dir =
-                out.unwrap_or_else(|| samples.parent().map(Path::to_path_buf).unwrap_or_default());
+            let dir = out.unwrap_or_else(|| samples.parent().map(Path::to_path_buf).unwrap_or_default());
             if let Err(e) = write_outputs(&dir, &s, &v) {
                 eprintln!("plateau: {}: {e}", dir.display());
                 return HARNESS;
@@ -218,9 +189,7 @@ fn dispatch(cli: Cli) -> u8 {
         Cmd::List => {
             println!("scenarios:");
             for (name, text) in SHIPPED {
-                let d = Scenario::parse(text, name)
-                    .map(|s| s.description)
-                    .unwrap_or_else(|e| e.to_string());
+                let d = Scenario::parse(text, name).map(|s| s.description).unwrap_or_else(|e| e.to_string());
                 println!("  {name:<28} {d}");
             }
             println!("injections:");
@@ -237,9 +206,9 @@ fn dispatch(cli: Cli) -> u8 {
                     return HARNESS;
                 }
             };
-            let root = keep.clone().unwrap_or_else(|| {
-                std::env::temp_dir().join(format!("plateau-selftest-{}", std::process::id()))
-            });
+            let root = keep
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join(format!("plateau-selftest-{}", std::process::id())));
             match plateau_soak::selftest::run(quick, &exe, &root) {
                 Ok(0) => {
                     if keep.is_none() {
@@ -283,26 +252,13 @@ fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
                 return USAGE;
             }
         };
-        println!(
-            "{:<32} {:>18} {:>18}",
-            "gauge (slope per iteration)", "baseline", "this run"
-        );
+        println!("{:<32} {:>18} {:>18}", "gauge (slope per iteration)", "baseline", "this run");
         for m in v.metrics.iter().filter(|m| m.trend.is_some()) {
-            let theirs = bv
-                .metrics
-                .iter()
-                .find(|x| x.name == m.name)
-                .and_then(|x| x.trend.as_ref());
+            let theirs = bv.metrics.iter().find(|x| x.name == m.name).and_then(|x| x.trend.as_ref());
             let fmt = |t: Option<&plateau_reports::Trend>| {
-                t.map(|t| format!("{:.1}", t.slope_per_iter))
-                    .unwrap_or("-".into())
+                t.map(|t| format!("{:.1}", t.slope_per_iter)).unwrap_or("-".into())
             };
-            println!(
-                "{:<32} {:>18} {:>18}",
-                m.name,
-                fmt(theirs),
-                fmt(m.trend.as_ref())
-            );
+            println!("{:<32} {:>18} {:>18}", m.name, fmt(theirs), fmt(m.trend.as_ref()));
         }
     }
     if v.failed() {
@@ -314,10 +270,7 @@ fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
 
 /// UTC time as YYYYmmdd-HHMMSS, for default run directories.
 fn timestamp() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -329,10 +282,5 @@ fn timestamp() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
+    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }

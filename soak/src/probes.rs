@@ -10,14 +10,7 @@ use plateau_reports::{Kind, MetricSpec};
 use procfs::process::{MMapPath, Process};
 
 /// jemalloc statistics sampled, all gauges in bytes.
-pub const JEMALLOC: [&str; 6] = [
-    "allocated",
-    "active",
-    "resident",
-    "mapped",
-    "retained",
-    "metadata",
-];
+pub const JEMALLOC: [&str; 6] = ["allocated", "active", "resident", "mapped", "retained", "metadata"];
 /// /proc figures sampled: (name, unit).
 pub const PROC: [(&str, &str); 8] = [
     ("rss", "bytes"),
@@ -45,11 +38,7 @@ pub fn spec_of(m: &Metric) -> MetricSpec {
         MetricKind::Bounded { capacity } => (Kind::Bounded, Some(capacity)),
         MetricKind::Counter => (Kind::Counter, None),
     };
-    MetricSpec {
-        kind,
-        unit: m.unit.to_string(),
-        capacity,
-    }
+    MetricSpec { kind, unit: m.unit.to_string(), capacity }
 }
 
 /// The process-wide probes (allocator and kernel view) of the process that runs them.
@@ -65,9 +54,7 @@ impl Default for ProcessProbes {
 
 impl ProcessProbes {
     pub fn new() -> Self {
-        ProcessProbes {
-            proc: Process::myself().ok(),
-        }
+        ProcessProbes { proc: Process::myself().ok() }
     }
 
     /// Metric specs of the process probes, names prefixed with `prefix` (a role, or empty).
@@ -76,22 +63,11 @@ impl ProcessProbes {
         for j in JEMALLOC {
             m.insert(
                 format!("{prefix}jemalloc.{j}"),
-                MetricSpec {
-                    kind: Kind::Gauge,
-                    unit: "bytes".into(),
-                    capacity: None,
-                },
+                MetricSpec { kind: Kind::Gauge, unit: "bytes".into(), capacity: None },
             );
         }
         for (p, unit) in PROC {
-            m.insert(
-                format!("{prefix}proc.{p}"),
-                MetricSpec {
-                    kind: Kind::Gauge,
-                    unit: unit.into(),
-                    capacity: None,
-                },
-            );
+            m.insert(format!("{prefix}proc.{p}"), MetricSpec { kind: Kind::Gauge, unit: unit.into(), capacity: None });
         }
         m
     }
@@ -126,10 +102,7 @@ impl ProcessProbes {
 
     /// The process's anonymous mappings now, for a pmap-style diff.
     pub fn anon_mappings(&self) -> Vec<AnonMapping> {
-        self.proc
-            .as_ref()
-            .and_then(|p| anon_mappings(p).ok())
-            .unwrap_or_default()
+        self.proc.as_ref().and_then(|p| anon_mappings(p).ok()).unwrap_or_default()
     }
 }
 
@@ -158,12 +131,9 @@ pub fn read_jemalloc(prefix: &str, values: &mut BTreeMap<String, f64>) {
 pub fn read_proc(p: &Process, prefix: &str, values: &mut BTreeMap<String, f64>) {
     if let Ok(s) = p.status() {
         let kb = |v: Option<u64>| v.map(|x| x as f64 * 1024.0);
-        for (name, v) in [
-            ("rss", kb(s.vmrss)),
-            ("rss_anon", kb(s.rssanon)),
-            ("rss_file", kb(s.rssfile)),
-            ("swap", kb(s.vmswap)),
-        ] {
+        for (name, v) in
+            [("rss", kb(s.vmrss)), ("rss_anon", kb(s.rssanon)), ("rss_file", kb(s.rssfile)), ("swap", kb(s.vmswap))]
+        {
             if let Some(v) = v {
                 values.insert(format!("{prefix}proc.{name}"), v);
             }
@@ -172,10 +142,7 @@ pub fn read_proc(p: &Process, prefix: &str, values: &mut BTreeMap<String, f64>) 
     }
     if let Ok(maps) = anon_mappings(p) {
         values.insert(format!("{prefix}proc.anon_mappings"), maps.len() as f64);
-        values.insert(
-            format!("{prefix}proc.anon_bytes"),
-            maps.iter().map(|m| m.bytes as f64).sum(),
-        );
+        values.insert(format!("{prefix}proc.anon_bytes"), maps.iter().map(|m| m.bytes as f64).sum());
     }
     if let Ok(n) = p.fd_count() {
         values.insert(format!("{prefix}proc.fds"), n as f64);
@@ -207,10 +174,7 @@ fn anon_mappings(p: &Process) -> procfs::ProcResult<Vec<AnonMapping>> {
                 MMapPath::Other(o) if o.starts_with("anon:") => o.clone(),
                 _ => return None,
             };
-            Some(AnonMapping {
-                name,
-                bytes: m.address.1 - m.address.0,
-            })
+            Some(AnonMapping { name, bytes: m.address.1 - m.address.0 })
         })
         .collect())
 }

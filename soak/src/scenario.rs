@@ -10,19 +10,10 @@ use serde::Deserialize;
 /// The scenarios shipped with plateau, embedded so that `plateau run NAME` and `plateau selftest`
 /// work from any directory.
 pub const SHIPPED: [(&str, &str); 5] = [
-    (
-        "n-sampling",
-        include_str!("../../scenarios/n-sampling.toml"),
-    ),
+    ("n-sampling", include_str!("../../scenarios/n-sampling.toml")),
     ("aborts", include_str!("../../scenarios/aborts.toml")),
-    (
-        "rl-rollout",
-        include_str!("../../scenarios/rl-rollout.toml"),
-    ),
-    (
-        "prefill-only",
-        include_str!("../../scenarios/prefill-only.toml"),
-    ),
+    ("rl-rollout", include_str!("../../scenarios/rl-rollout.toml")),
+    ("prefill-only", include_str!("../../scenarios/prefill-only.toml")),
     ("mixed", include_str!("../../scenarios/mixed.toml")),
 ];
 
@@ -87,13 +78,7 @@ pub struct SoakSection {
 
 impl Default for SoakSection {
     fn default() -> Self {
-        SoakSection {
-            iterations: 200,
-            duration: None,
-            warmup_iterations: 20,
-            sample_interval_ms: 1000,
-            seed: 0,
-        }
+        SoakSection { iterations: 200, duration: None, warmup_iterations: 20, sample_interval_ms: 1000, seed: 0 }
     }
 }
 
@@ -183,13 +168,7 @@ pub struct Pressure {
 
 impl Default for Pressure {
     fn default() -> Self {
-        Pressure {
-            prompt_tokens: 96,
-            max_tokens: 32,
-            n: 1,
-            overcommit: 1.5,
-            abort: None,
-        }
+        Pressure { prompt_tokens: 96, max_tokens: 32, n: 1, overcommit: 1.5, abort: None }
     }
 }
 
@@ -204,10 +183,7 @@ pub struct Sleep {
 
 impl Default for Sleep {
     fn default() -> Self {
-        Sleep {
-            level: 1,
-            update_weights: false,
-        }
+        Sleep { level: 1, update_weights: false }
     }
 }
 
@@ -230,13 +206,8 @@ struct Place<'a> {
 
 pub fn parse_duration_secs(s: &str) -> Result<f64, String> {
     let s = s.trim();
-    let (num, unit) = s.split_at(
-        s.find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(s.len()),
-    );
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("`{s}` is not a duration such as 90s, 10m or 2h"))?;
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len()));
+    let v: f64 = num.parse().map_err(|_| format!("`{s}` is not a duration such as 90s, 10m or 2h"))?;
     let mult = match unit {
         "s" => 1.0,
         "m" => 60.0,
@@ -255,10 +226,7 @@ impl Scenario {
         let path = Path::new(arg);
         if !path.exists() {
             if let Some((_, text)) = SHIPPED.iter().find(|(n, _)| *n == arg) {
-                return Ok((
-                    Scenario::parse(text, &format!("<shipped {arg}>"))?,
-                    format!("<shipped {arg}>"),
-                ));
+                return Ok((Scenario::parse(text, &format!("<shipped {arg}>"))?, format!("<shipped {arg}>")));
             }
         }
         let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
@@ -273,18 +241,10 @@ impl Scenario {
     pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
         let s: Scenario = toml::from_str(text)
             .map_err(|e| {
-                let (line, column) = e
-                    .span()
-                    .map(|sp| line_col(text, sp.start))
-                    .unwrap_or((0, 0));
+                let (line, column) = e.span().map(|sp| line_col(text, sp.start)).unwrap_or((0, 0));
                 phase_error(text, line).unwrap_or_else(|| (line, column, explain(e.message())))
             })
-            .map_err(|(line, column, message)| ScenarioError {
-                file: file.to_string(),
-                line,
-                column,
-                message,
-            })?;
+            .map_err(|(line, column, message)| ScenarioError { file: file.to_string(), line, column, message })?;
         s.validate(text, file)?;
         Ok(s)
     }
@@ -297,37 +257,20 @@ impl Scenario {
                 Some((sec, _)) => format!("{sec}.{}", place.key),
                 None => place.key.to_string(),
             };
-            Err(ScenarioError {
-                file: file.to_string(),
-                line,
-                column: 1,
-                message: format!("{field}: {message}"),
-            })
+            Err(ScenarioError { file: file.to_string(), line, column: 1, message: format!("{field}: {message}") })
         };
         let top = |key| Place { section: None, key };
-        let eng = |key| Place {
-            section: Some(("engine", 0)),
-            key,
-        };
-        let soak = |key| Place {
-            section: Some(("soak", 0)),
-            key,
-        };
+        let eng = |key| Place { section: Some(("engine", 0)), key };
+        let soak = |key| Place { section: Some(("soak", 0)), key };
         if self.name.trim().is_empty() {
             return fail(top("name"), "must not be empty".into());
         }
         if self.phases.is_empty() {
-            return fail(
-                top("phase"),
-                "a scenario needs at least one [[phase]]".into(),
-            );
+            return fail(top("phase"), "a scenario needs at least one [[phase]]".into());
         }
         let e = &self.engine;
         if !["cpu", "cuda", "auto"].contains(&e.backend.as_str()) {
-            return fail(
-                eng("backend"),
-                format!("`{}` is not one of cpu, cuda, auto", e.backend),
-            );
+            return fail(eng("backend"), format!("`{}` is not one of cpu, cuda, auto", e.backend));
         }
         if e.weights.is_none() {
             if let Err(err) = plateau_engine::ModelConfig::preset(&e.preset) {
@@ -353,19 +296,13 @@ impl Scenario {
             }
         }
         for (i, p) in self.phases.iter().enumerate() {
-            let at = |key| Place {
-                section: Some(("phase", i)),
-                key,
-            };
+            let at = |key| Place { section: Some(("phase", i)), key };
             let check_sampling = |n: u32, max_tokens: u32| {
                 if n == 0 {
                     return fail(at("n"), "must be at least 1".into());
                 }
                 if n as usize > e.max_num_seqs {
-                    return fail(
-                        at("n"),
-                        format!("{n} exceeds engine.max_num_seqs = {}", e.max_num_seqs),
-                    );
+                    return fail(at("n"), format!("{n} exceeds engine.max_num_seqs = {}", e.max_num_seqs));
                 }
                 if max_tokens == 0 {
                     return fail(at("max_tokens"), "must be at least 1".into());
@@ -399,17 +336,11 @@ impl Scenario {
                         return fail(at("prompt_tokens"), "must be at least 1".into());
                     }
                     if !(pr.overcommit > 1.0 && pr.overcommit <= 10.0) {
-                        return fail(
-                            at("overcommit"),
-                            format!("{} is outside (1, 10]", pr.overcommit),
-                        );
+                        return fail(at("overcommit"), format!("{} is outside (1, 10]", pr.overcommit));
                     }
                     let need = (pr.prompt_tokens + pr.max_tokens) as usize;
                     if need.div_ceil(e.block_size) > e.num_kv_blocks {
-                        return fail(
-                            at("prompt_tokens"),
-                            "one request alone needs more than the whole KV pool".into(),
-                        );
+                        return fail(at("prompt_tokens"), "one request alone needs more than the whole KV pool".into());
                     }
                 }
                 Phase::Sleep(s) => {
@@ -428,24 +359,18 @@ impl Scenario {
 /// the `kind` line blanked so line numbers stay, to find the exact line, column and field.
 fn phase_error(text: &str, line: usize) -> Option<(usize, usize, String)> {
     let lines: Vec<&str> = text.lines().collect();
-    let start = (0..line.min(lines.len()))
-        .rev()
-        .find(|&i| lines[i].trim().starts_with('['))?;
+    let start = (0..line.min(lines.len())).rev().find(|&i| lines[i].trim().starts_with('['))?;
     if lines[start].trim() != "[[phase]]" {
         return None;
     }
-    let end = (start + 1..lines.len())
-        .find(|&i| lines[i].trim().starts_with('['))
-        .unwrap_or(lines.len());
+    let end = (start + 1..lines.len()).find(|&i| lines[i].trim().starts_with('[')).unwrap_or(lines.len());
     let mut kind = None;
     let mut body = String::new();
     for (i, l) in lines.iter().enumerate() {
         let in_phase = i > start && i < end;
         let is_kind = in_phase && l.split('=').next().is_some_and(|k| k.trim() == "kind");
         if is_kind {
-            kind = l
-                .split_once('=')
-                .map(|(_, v)| v.trim().trim_matches('"').to_string());
+            kind = l.split_once('=').map(|(_, v)| v.trim().trim_matches('"').to_string());
         }
         body.push_str(if in_phase && !is_kind { l } else { "" });
         body.push('\n');
@@ -456,25 +381,11 @@ fn phase_error(text: &str, line: usize) -> Option<(usize, usize, String)> {
         "sleep" => toml::from_str::<Sleep>(&body).err(),
         _ => None,
     }?;
-    let (l, c) = err
-        .span()
-        .map(|sp| line_col(&body, sp.start))
-        .unwrap_or((start + 1, 1));
-    let key = lines
-        .get(l - 1)
-        .and_then(|t| t.split('=').next())
-        .map(str::trim)
-        .unwrap_or("");
-    let index = lines[..start]
-        .iter()
-        .filter(|t| t.trim() == "[[phase]]")
-        .count();
+    let (l, c) = err.span().map(|sp| line_col(&body, sp.start)).unwrap_or((start + 1, 1));
+    let key = lines.get(l - 1).and_then(|t| t.split('=').next()).map(str::trim).unwrap_or("");
+    let index = lines[..start].iter().filter(|t| t.trim() == "[[phase]]").count();
     let msg = explain(err.message());
-    let field = if key.is_empty() || msg.contains('`') {
-        String::new()
-    } else {
-        format!("phase[{index}].{key}: ")
-    };
+    let field = if key.is_empty() || msg.contains('`') { String::new() } else { format!("phase[{index}].{key}: ") };
     Some((l, c, format!("{field}{msg}")))
 }
 
@@ -522,19 +433,11 @@ fn locate(text: &str, place: Place) -> usize {
 fn explain(msg: &str) -> String {
     let msg = msg.trim();
     let names: Vec<&str> = msg.split('`').skip(1).step_by(2).collect();
-    if (msg.starts_with("unknown field") || msg.starts_with("unknown variant")) && names.len() >= 2
-    {
+    if (msg.starts_with("unknown field") || msg.starts_with("unknown variant")) && names.len() >= 2 {
         let (unknown, known) = (names[0], &names[1..]);
-        let what = if msg.starts_with("unknown field") {
-            "field"
-        } else {
-            "value"
-        };
+        let what = if msg.starts_with("unknown field") { "field" } else { "value" };
         if let Some(best) = closest(unknown, known) {
-            return format!(
-                "unknown {what} `{unknown}`; did you mean `{best}`? (known: {})",
-                known.join(", ")
-            );
+            return format!("unknown {what} `{unknown}`; did you mean `{best}`? (known: {})", known.join(", "));
         }
         return format!("unknown {what} `{unknown}` (known: {})", known.join(", "));
     }
@@ -559,9 +462,7 @@ fn levenshtein(a: &str, b: &str) -> usize {
         row[0] = i + 1;
         for j in 0..b.len() {
             let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != b[j]))
-                .min(row[j] + 1)
-                .min(cur + 1);
+            row[j + 1] = (prev + usize::from(ca != b[j])).min(row[j] + 1).min(cur + 1);
             prev = cur;
         }
     }
@@ -585,10 +486,7 @@ mod tests {
         let text = "name = \"x\"\ndescription = \"d\"\n[engine]\nnum_kv_blockz = 3\n[[phase]]\nkind = \"batch\"\n";
         let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
         assert!(e.starts_with("f.toml:4:"), "{e}");
-        assert!(
-            e.contains("`num_kv_blockz`") && e.contains("did you mean `num_kv_blocks`"),
-            "{e}"
-        );
+        assert!(e.contains("`num_kv_blockz`") && e.contains("did you mean `num_kv_blocks`"), "{e}");
         let text = "name = \"x\"\ndescription = \"d\"\n[[phase]]\nkind = \"bacth\"\n";
         let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
         assert!(e.contains("did you mean `batch`"), "{e}");

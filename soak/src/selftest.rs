@@ -19,36 +19,11 @@ pub struct Case {
 }
 
 pub const CASES: [Case; 10] = [
-    Case {
-        scenario: "n-sampling",
-        inject: None,
-        quick_iterations: 60,
-        expect_metric: None,
-    },
-    Case {
-        scenario: "aborts",
-        inject: None,
-        quick_iterations: 60,
-        expect_metric: None,
-    },
-    Case {
-        scenario: "rl-rollout",
-        inject: None,
-        quick_iterations: 60,
-        expect_metric: None,
-    },
-    Case {
-        scenario: "prefill-only",
-        inject: None,
-        quick_iterations: 60,
-        expect_metric: None,
-    },
-    Case {
-        scenario: "mixed",
-        inject: None,
-        quick_iterations: 60,
-        expect_metric: None,
-    },
+    Case { scenario: "n-sampling", inject: None, quick_iterations: 60, expect_metric: None },
+    Case { scenario: "aborts", inject: None, quick_iterations: 60, expect_metric: None },
+    Case { scenario: "rl-rollout", inject: None, quick_iterations: 60, expect_metric: None },
+    Case { scenario: "prefill-only", inject: None, quick_iterations: 60, expect_metric: None },
+    Case { scenario: "mixed", inject: None, quick_iterations: 60, expect_metric: None },
     Case {
         scenario: "n-sampling",
         inject: Some("registry-retains-finished"),
@@ -86,20 +61,10 @@ pub const CASES: [Case; 10] = [
 pub fn run(quick: bool, exe: &Path, out_root: &Path) -> Result<usize, String> {
     let mut failed = 0;
     for (k, c) in CASES.iter().enumerate() {
-        let name = format!(
-            "{}{}",
-            c.scenario,
-            c.inject.map(|i| format!(" + {i}")).unwrap_or_default()
-        );
-        let out = out_root.join(format!(
-            "{k:02}-{}-{}",
-            c.scenario,
-            c.inject.unwrap_or("clean")
-        ));
+        let name = format!("{}{}", c.scenario, c.inject.map(|i| format!(" + {i}")).unwrap_or_default());
+        let out = out_root.join(format!("{k:02}-{}-{}", c.scenario, c.inject.unwrap_or("clean")));
         let mut cmd = Command::new(exe);
-        cmd.args(["run", c.scenario, "--out"])
-            .arg(&out)
-            .args(["--sample-interval-ms", "1000"]);
+        cmd.args(["run", c.scenario, "--out"]).arg(&out).args(["--sample-interval-ms", "1000"]);
         if quick {
             cmd.args(["--iterations", &c.quick_iterations.to_string()]);
         }
@@ -107,26 +72,17 @@ pub fn run(quick: bool, exe: &Path, out_root: &Path) -> Result<usize, String> {
             cmd.args(["--inject", i]);
         }
         let t0 = Instant::now();
-        let output = cmd
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+        let output = cmd.output().map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
         let secs = t0.elapsed().as_secs_f64();
         let code = output.status.code().unwrap_or(-1);
         let want = if c.expect_metric.is_some() { 1 } else { 0 };
-        let verdict: Option<Verdict> = std::fs::read(out.join("verdict.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
+        let verdict: Option<Verdict> =
+            std::fs::read(out.join("verdict.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
         let problem = if code != want {
             let err = String::from_utf8_lossy(&output.stderr);
-            Some(format!(
-                "exit {code}, want {want}: {}",
-                err.lines().last().unwrap_or("")
-            ))
+            Some(format!("exit {code}, want {want}: {}", err.lines().last().unwrap_or("")))
         } else if let Some(metric) = c.expect_metric {
-            match verdict
-                .as_ref()
-                .and_then(|v| v.metrics.iter().find(|m| m.name == metric))
-            {
+            match verdict.as_ref().and_then(|v| v.metrics.iter().find(|m| m.name == metric)) {
                 Some(m) if m.status == Status::Fail => None,
                 _ => Some(format!("{metric} not named as failing in verdict.json")),
             }

@@ -19,9 +19,7 @@ pub fn rng_for(parts: &[u64]) -> ChaCha8Rng {
 
 /// Seeded byte tokens.
 fn random_tokens(rng: &mut ChaCha8Rng, n: usize) -> Vec<u32> {
-    (0..n)
-        .map(|_| BYTE_OFFSET + (rng.next_u32() % 256))
-        .collect()
+    (0..n).map(|_| BYTE_OFFSET + (rng.next_u32() % 256)).collect()
 }
 
 /// `{i}`, `{i:0N}` and `{iter}` in a prompt template.
@@ -72,10 +70,7 @@ impl Workload {
     }
 
     pub fn batch(&mut self, phase: usize, b: &Batch, iter: u64) -> Vec<Request> {
-        let shared = random_tokens(
-            &mut rng_for(&[self.seed, phase as u64, 0x5eed]),
-            b.shared_prefix_tokens as usize,
-        );
+        let shared = random_tokens(&mut rng_for(&[self.seed, phase as u64, 0x5eed]), b.shared_prefix_tokens as usize);
         (0..b.requests)
             .map(|_| {
                 let id = self.take_id();
@@ -96,7 +91,7 @@ impl Workload {
                     ignore_eos: b.ignore_eos,
                     seed: Some(self.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 };
-                Request { id, prompt, params }
+                Request { id, prompt, params, images: Vec::new() }
             })
             .collect()
     }
@@ -104,16 +99,13 @@ impl Workload {
     /// Requests whose KV demand is `overcommit` times the pool's tokens.
     pub fn pressure(&mut self, p: &Pressure, pool_tokens: usize, max_seqs: usize) -> Vec<Request> {
         let per_request = (p.prompt_tokens + p.n * p.max_tokens) as f64;
-        let count = ((p.overcommit * pool_tokens as f64 / per_request).ceil() as usize)
-            .clamp(2, max_seqs / p.n as usize);
+        let count =
+            ((p.overcommit * pool_tokens as f64 / per_request).ceil() as usize).clamp(2, max_seqs / p.n as usize);
         (0..count)
             .map(|_| {
                 let id = self.take_id();
                 let mut prompt = vec![BOS];
-                prompt.extend(random_tokens(
-                    &mut rng_for(&[self.seed, id]),
-                    p.prompt_tokens as usize - 1,
-                ));
+                prompt.extend(random_tokens(&mut rng_for(&[self.seed, id]), p.prompt_tokens as usize - 1));
                 let params = SamplingParams {
                     n: p.n,
                     max_tokens: p.max_tokens,
@@ -121,7 +113,7 @@ impl Workload {
                     seed: Some(self.seed ^ id),
                     ..SamplingParams::default()
                 };
-                Request { id, prompt, params }
+                Request { id, prompt, params, images: Vec::new() }
             })
             .collect()
     }
@@ -129,38 +121,17 @@ impl Workload {
     /// The `k`-th kind of invalid request, in rotation; each must be refused by the engine.
     pub fn invalid(&mut self, k: u64, vocab_size: usize) -> (Request, &'static str) {
         let id = self.take_id();
-        let ok = SamplingParams {
-            seed: Some(id),
-            ..SamplingParams::default()
-        };
+        let ok = SamplingParams { seed: Some(id), ..SamplingParams::default() };
         let prompt = encode("invalid request");
         let (prompt, params, what) = match k % 6 {
             0 => (vec![], ok, "empty prompt"),
             1 => (prompt, SamplingParams { top_p: 0.0, ..ok }, "top_p = 0"),
-            2 => (
-                prompt,
-                SamplingParams {
-                    temperature: -1.0,
-                    ..ok
-                },
-                "temperature < 0",
-            ),
-            3 => (
-                vec![BOS, vocab_size as u32 + 7],
-                ok,
-                "token outside the vocabulary",
-            ),
+            2 => (prompt, SamplingParams { temperature: -1.0, ..ok }, "temperature < 0"),
+            3 => (vec![BOS, vocab_size as u32 + 7], ok, "token outside the vocabulary"),
             4 => (prompt, SamplingParams { n: 0, ..ok }, "n = 0"),
-            _ => (
-                prompt,
-                SamplingParams {
-                    max_tokens: 0,
-                    ..ok
-                },
-                "max_tokens = 0",
-            ),
+            _ => (prompt, SamplingParams { max_tokens: 0, ..ok }, "max_tokens = 0"),
         };
-        (Request { id, prompt, params }, what)
+        (Request { id, prompt, params, images: Vec::new() }, what)
     }
 
     /// Which of `ids` to abort: a seeded choice of `round(fraction * len)` of them.
@@ -184,21 +155,13 @@ mod tests {
 
     #[test]
     fn templates() {
-        assert_eq!(
-            render("Question No.{i:08} x", 42, 3),
-            "Question No.00000042 x"
-        );
+        assert_eq!(render("Question No.{i:08} x", 42, 3), "Question No.00000042 x");
         assert_eq!(render("{i}-{iter}-{other}", 5, 9), "5-9-{other}");
     }
 
     #[test]
     fn batches_are_deterministic_and_padded() {
-        let b = Batch {
-            requests: 3,
-            prompt_tokens: Some(50),
-            shared_prefix_tokens: 8,
-            ..Batch::default()
-        };
+        let b = Batch { requests: 3, prompt_tokens: Some(50), shared_prefix_tokens: 8, ..Batch::default() };
         let a = Workload::new(1).batch(0, &b, 1);
         let c = Workload::new(1).batch(0, &b, 1);
         assert_eq!(a, c);

@@ -4,10 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn plateau(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_plateau"))
-        .args(args)
-        .output()
-        .expect("run plateau")
+    Command::new(env!("CARGO_BIN_EXE_plateau")).args(args).output().expect("run plateau")
 }
 
 fn tmp(name: &str) -> PathBuf {
@@ -18,11 +15,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn scenario(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../scenarios")
-        .join(format!("{name}.toml"))
-        .display()
-        .to_string()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios").join(format!("{name}.toml")).display().to_string()
 }
 
 fn stderr(o: &Output) -> String {
@@ -30,31 +23,15 @@ fn stderr(o: &Output) -> String {
 }
 
 fn verdict(dir: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(dir.join("verdict.json")).expect("verdict.json"))
-        .expect("json")
+    serde_json::from_slice(&std::fs::read(dir.join("verdict.json")).expect("verdict.json")).expect("json")
 }
 
 #[test]
 fn clean_run_passes_and_writes_its_files() {
     let d = tmp("clean");
-    let o = plateau(&[
-        "run",
-        &scenario("n-sampling"),
-        "--iterations",
-        "30",
-        "--out",
-        d.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let o = plateau(&["run", &scenario("n-sampling"), "--iterations", "30", "--out", d.to_str().unwrap(), "--quiet"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    for f in [
-        "samples.jsonl",
-        "verdict.json",
-        "memory.svg",
-        "memory.png",
-        "registries.svg",
-        "registries.png",
-    ] {
+    for f in ["samples.jsonl", "verdict.json", "memory.svg", "memory.png", "registries.svg", "registries.png"] {
         assert!(d.join(f).exists(), "{f} missing");
     }
     let v = verdict(&d);
@@ -81,22 +58,12 @@ fn registry_leak_fails_run_and_analyze() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let v = verdict(&d);
     assert_eq!(v["verdict"], "fail");
-    let m = v["metrics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == "registry.requests")
-        .unwrap();
+    let m = v["metrics"].as_array().unwrap().iter().find(|m| m["name"] == "registry.requests").unwrap();
     assert_eq!(m["status"], "fail");
     assert_eq!(m["first_iter"], 1);
     assert!(stderr(&o).contains("reproduce with: plateau run"));
     let a = tmp("leak-analyze");
-    let o = plateau(&[
-        "analyze",
-        d.join("samples.jsonl").to_str().unwrap(),
-        "--out",
-        a.to_str().unwrap(),
-    ]);
+    let o = plateau(&["analyze", d.join("samples.jsonl").to_str().unwrap(), "--out", a.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_eq!(verdict(&a)["verdict"], "fail");
 }
@@ -104,27 +71,13 @@ fn registry_leak_fails_run_and_analyze() {
 #[test]
 fn usage_and_scenario_errors_exit_2_with_a_clear_message() {
     let d = tmp("typo");
-    let text = std::fs::read_to_string(scenario("n-sampling"))
-        .unwrap()
-        .replace("max_tokens", "max_tokenz");
+    let text = std::fs::read_to_string(scenario("n-sampling")).unwrap().replace("max_tokens", "max_tokenz");
     let typo = d.join("typo.toml");
     std::fs::write(&typo, text).unwrap();
-    let o = plateau(&[
-        "run",
-        typo.to_str().unwrap(),
-        "--iterations",
-        "2",
-        "--out",
-        d.to_str().unwrap(),
-    ]);
+    let o = plateau(&["run", typo.to_str().unwrap(), "--iterations", "2", "--out", d.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
-    assert!(
-        e.contains("typo.toml:")
-            && e.contains("`max_tokenz`")
-            && e.contains("did you mean `max_tokens`"),
-        "{e}"
-    );
+    assert!(e.contains("typo.toml:") && e.contains("`max_tokenz`") && e.contains("did you mean `max_tokens`"), "{e}");
 
     std::fs::write(&typo, "name = \"x\"\ndescription = [\n").unwrap();
     let o = plateau(&["run", typo.to_str().unwrap()]);
@@ -140,22 +93,9 @@ fn usage_and_scenario_errors_exit_2_with_a_clear_message() {
 
     let o = plateau(&["run", "n-sampling", "--inject", "leaky-bucket"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("registry-retains-finished"),
-        "known injections listed: {}",
-        stderr(&o)
-    );
+    assert!(stderr(&o).contains("registry-retains-finished"), "known injections listed: {}", stderr(&o));
 
-    let o = plateau(&[
-        "run",
-        "n-sampling",
-        "--iterations",
-        "2",
-        "--backend",
-        "cuda",
-        "--out",
-        d.to_str().unwrap(),
-    ]);
+    let o = plateau(&["run", "n-sampling", "--iterations", "2", "--backend", "cuda", "--out", d.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).to_lowercase().contains("cuda") && !stderr(&o).contains("panicked"));
 }
@@ -206,31 +146,15 @@ fn list_names_every_scenario_and_injection() {
 fn interrupted_run_writes_samples_and_an_incomplete_verdict() {
     let d = tmp("interrupt");
     let child = Command::new(env!("CARGO_BIN_EXE_plateau"))
-        .args([
-            "run",
-            &scenario("n-sampling"),
-            "--duration",
-            "60s",
-            "--out",
-            d.to_str().unwrap(),
-            "--quiet",
-        ])
+        .args(["run", &scenario("n-sampling"), "--duration", "60s", "--out", d.to_str().unwrap(), "--quiet"])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
+    let killed = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
     assert!(killed.success());
     let out = child.wait_with_output().unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(3),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
     let v = verdict(&d);
     assert_eq!(v["incomplete"], true);
     assert!(v["iterations"].as_u64().unwrap() > 0);

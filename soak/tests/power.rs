@@ -13,23 +13,11 @@ use plateau_soak::detector::analyze;
 fn sub_kib_heap_leak_is_detected_within_500_iterations() {
     let dir = std::env::temp_dir().join(format!("plateau-power-{}", std::process::id()));
     let o = Command::new(env!("CARGO_BIN_EXE_plateau"))
-        .args([
-            "run",
-            "n-sampling",
-            "--iterations",
-            "500",
-            "--quiet",
-            "--out",
-        ])
+        .args(["run", "n-sampling", "--iterations", "500", "--quiet", "--out"])
         .arg(&dir)
         .output()
         .unwrap();
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "the clean run must pass: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert_eq!(o.status.code(), Some(0), "the clean run must pass: {}", String::from_utf8_lossy(&o.stderr));
     let clean = Samples::read(&dir.join("samples.jsonl")).unwrap();
     let i = clean.index("jemalloc.allocated").unwrap();
     let cfg = default_config(&clean);
@@ -42,23 +30,13 @@ fn sub_kib_heap_leak_is_detected_within_500_iterations() {
             }
         }
         let v = analyze(&s, &cfg, false);
-        let m = v
-            .metrics
-            .iter()
-            .find(|m| m.name == "jemalloc.allocated")
-            .unwrap();
-        println!(
-            "{bytes_per_iter:>6} B/iteration: {:?}, first at {:?}",
-            m.status, m.first_iter
-        );
+        let m = v.metrics.iter().find(|m| m.name == "jemalloc.allocated").unwrap();
+        println!("{bytes_per_iter:>6} B/iteration: {:?}, first at {:?}", m.status, m.first_iter);
         if m.status == Status::Fail && smallest.is_none() {
             smallest = Some(bytes_per_iter);
         }
     }
     println!("smallest detected heap leak: {smallest:?} B/iteration within 500 iterations");
-    assert!(
-        smallest.is_some_and(|b| b < 1024.0),
-        "nothing under 1 KiB/iteration detected"
-    );
+    assert!(smallest.is_some_and(|b| b < 1024.0), "nothing under 1 KiB/iteration detected");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,17 +7,8 @@ use std::sync::Mutex;
 
 #[test]
 fn clean_scenarios_pass_for_20_seeds() {
-    let scenarios = [
-        "n-sampling",
-        "aborts",
-        "rl-rollout",
-        "prefill-only",
-        "mixed",
-    ];
-    let jobs: Vec<(&str, u64)> = scenarios
-        .iter()
-        .flat_map(|s| (100..120).map(move |seed| (*s, seed)))
-        .collect();
+    let scenarios = ["n-sampling", "aborts", "rl-rollout", "prefill-only", "mixed"];
+    let jobs: Vec<(&str, u64)> = scenarios.iter().flat_map(|s| (100..120).map(move |seed| (*s, seed))).collect();
     let next = AtomicUsize::new(0);
     let failures = Mutex::new(Vec::new());
     let root = std::env::temp_dir().join(format!("plateau-seeds-{}", std::process::id()));
@@ -28,24 +19,12 @@ fn clean_scenarios_pass_for_20_seeds() {
                 let Some(&(s, seed)) = jobs.get(k) else { break };
                 let out = root.join(format!("{s}-{seed}"));
                 let o = Command::new(env!("CARGO_BIN_EXE_plateau"))
-                    .args([
-                        "run",
-                        s,
-                        "--seed",
-                        &seed.to_string(),
-                        "--iterations",
-                        "30",
-                        "--quiet",
-                        "--out",
-                    ])
+                    .args(["run", s, "--seed", &seed.to_string(), "--iterations", "30", "--quiet", "--out"])
                     .arg(&out)
                     .output()
                     .unwrap();
                 if o.status.code() != Some(0) {
-                    failures.lock().unwrap().push(format!(
-                        "{s} seed {seed}: {}",
-                        String::from_utf8_lossy(&o.stderr)
-                    ));
+                    failures.lock().unwrap().push(format!("{s} seed {seed}: {}", String::from_utf8_lossy(&o.stderr)));
                 } else {
                     let _ = std::fs::remove_dir_all(&out);
                 }
@@ -53,11 +32,5 @@ fn clean_scenarios_pass_for_20_seeds() {
         }
     });
     let f = failures.into_inner().unwrap();
-    assert!(
-        f.is_empty(),
-        "{} of {} clean runs failed:\n{}",
-        f.len(),
-        jobs.len(),
-        f.join("\n")
-    );
+    assert!(f.is_empty(), "{} of {} clean runs failed:\n{}", f.len(), jobs.len(), f.join("\n"));
 }

@@ -16,6 +16,9 @@ pub struct SeqChunk {
     pub block_table: Vec<BlockId>,
     /// Return the logits of the chunk's last position.
     pub want_logits: bool,
+    /// Image embeddings (rows of the hidden size) replacing the token embeddings of placeholder
+    /// positions from the given start position on.
+    pub embeds: Vec<(usize, std::sync::Arc<Vec<f32>>)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -45,5 +48,7 @@ pub trait Backend: Send {
     fn release_weights(&mut self);
     /// Computes the batch; returns one logits row per chunk with `want_logits`, in order.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>>;
+    /// Runs the vision encoder on one image: `num_tokens` rows of the hidden size.
+    fn encode_image(&mut self, pixels: &crate::multimodal::image::PixelTensor) -> Result<Vec<f32>>;
     fn memory(&self) -> BackendMemory;
 }

@@ -17,19 +17,35 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub rope_theta: f32,
     pub rms_norm_eps: f32,
+    /// The vision encoder, for models that take images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<VisionConfig>,
+}
+
+/// The vision encoder's shape (Qwen2-VL style: patches, transformer blocks, 2x2 merge).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VisionConfig {
+    pub patch_size: usize,
+    pub hidden_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub intermediate_size: usize,
+    /// Neighbouring patches merged per side (2: each output token covers 2x2 patches).
+    pub spatial_merge: usize,
+}
+
+impl VisionConfig {
+    /// Image sides must be multiples of this.
+    pub fn grid_factor(&self) -> u32 {
+        (self.patch_size * self.spatial_merge) as u32
+    }
 }
 
 /// The presets, by name, with a one-line description each.
 pub const PRESETS: [(&str, &str); 3] = [
-    (
-        "tiny",
-        "2 layers, hidden 64: tests, CI and the default soak",
-    ),
+    ("tiny", "2 layers, hidden 64: tests, CI and the default soak"),
     ("small", "4 layers, hidden 256: a heavier CPU soak"),
-    (
-        "tinyllama-1.1b",
-        "TinyLlama-1.1B's shape (22 layers, hidden 2048, GQA 32/4): GPU runs",
-    ),
+    ("tinyllama-1.1b", "TinyLlama-1.1B's shape (22 layers, hidden 2048, GQA 32/4): GPU runs"),
 ];
 
 impl ModelConfig {
@@ -45,17 +61,26 @@ impl ModelConfig {
             max_position_embeddings: maxpos,
             rope_theta: 10000.0,
             rms_norm_eps: 1e-5,
+            vision: None,
         };
         match name {
             "tiny" => Ok(c(320, 64, 2, 4, 2, 16, 160, 2048)),
+            "tiny-vl" => Ok(ModelConfig {
+                vision: Some(VisionConfig {
+                    patch_size: 14,
+                    hidden_size: 64,
+                    num_layers: 2,
+                    num_heads: 4,
+                    intermediate_size: 128,
+                    spatial_merge: 2,
+                }),
+                ..c(320, 64, 2, 4, 2, 16, 160, 2048)
+            }),
             "small" => Ok(c(512, 256, 4, 8, 2, 32, 688, 4096)),
             "tinyllama-1.1b" => Ok(c(32000, 2048, 22, 32, 4, 64, 5632, 2048)),
             _ => {
                 let known: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
-                Err(EngineError::Config(format!(
-                    "unknown model preset `{name}`; known: {}",
-                    known.join(", ")
-                )))
+                Err(EngineError::Config(format!("unknown model preset `{name}`; known: {}", known.join(", "))))
             }
         }
     }
@@ -76,43 +101,46 @@ impl ModelConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(EngineError::Config(m));
         if self.vocab_size < MIN_VOCAB {
-            return bad(format!(
-                "vocab_size {} is below the byte tokenizer's {MIN_VOCAB}",
-                self.vocab_size
-            ));
+            return bad(format!("vocab_size {} is below the byte tokenizer's {MIN_VOCAB}", self.vocab_size));
         }
         if self.hidden_size == 0 || self.num_hidden_layers == 0 || self.intermediate_size == 0 {
-            return bad(
-                "hidden_size, num_hidden_layers and intermediate_size must be positive".into(),
-            );
+            return bad("hidden_size, num_hidden_layers and intermediate_size must be positive".into());
         }
-        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0
-        {
+        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0 {
             return bad(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 {
-            return bad(format!(
-                "head_dim {} must be even and positive",
-                self.head_dim
-            ));
+            return bad(format!("head_dim {} must be even and positive", self.head_dim));
+        }
+        if let Some(v) = &self.vision {
+            if v.patch_size == 0 || v.spatial_merge == 0 || v.num_layers == 0 || v.intermediate_size == 0 {
+                return bad(
+                    "vision_config: patch_size, spatial_merge, num_layers and intermediate_size must be positive"
+                        .into(),
+                );
+            }
+            if v.num_heads == 0 || v.hidden_size % v.num_heads != 0 || v.hidden_size % 4 != 0 {
+                return bad(format!(
+                    "vision_config: hidden_size {} must be a multiple of 4 and of num_heads {}",
+                    v.hidden_size, v.num_heads
+                ));
+            }
         }
         Ok(())
     }
 
     /// Reads a Hugging Face Llama `config.json`.
     pub fn from_hf_json(text: &str) -> Result<ModelConfig> {
-        let v: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| EngineError::Weights(format!("config.json: {e}")))?;
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| EngineError::Weights(format!("config.json: {e}")))?;
         let get = |k: &str| -> Result<usize> {
             v.get(k)
                 .and_then(|x| x.as_u64())
                 .map(|x| x as usize)
-                .ok_or_else(|| {
-                    EngineError::Weights(format!("config.json: missing or non-integer field `{k}`"))
-                })
+                .ok_or_else(|| EngineError::Weights(format!("config.json: missing or non-integer field `{k}`")))
         };
         let heads = get("num_attention_heads")?;
         let hidden = get("hidden_size")?;
@@ -125,14 +153,15 @@ impl ModelConfig {
             head_dim: get("head_dim").unwrap_or(if heads > 0 { hidden / heads } else { 0 }),
             intermediate_size: get("intermediate_size")?,
             max_position_embeddings: get("max_position_embeddings")?,
-            rope_theta: v
-                .get("rope_theta")
-                .and_then(|x| x.as_f64())
-                .unwrap_or(10000.0) as f32,
-            rms_norm_eps: v
-                .get("rms_norm_eps")
-                .and_then(|x| x.as_f64())
-                .unwrap_or(1e-6) as f32,
+            rope_theta: v.get("rope_theta").and_then(|x| x.as_f64()).unwrap_or(10000.0) as f32,
+            rms_norm_eps: v.get("rms_norm_eps").and_then(|x| x.as_f64()).unwrap_or(1e-6) as f32,
+            vision: match v.get("vision_config") {
+                None => None,
+                Some(vc) => Some(
+                    serde_json::from_value(vc.clone())
+                        .map_err(|e| EngineError::Weights(format!("config.json: vision_config: {e}")))?,
+                ),
+            },
         };
         cfg.validate()?;
         Ok(cfg)
@@ -161,6 +190,10 @@ impl ModelConfig {
             "eos_token_id": crate::tokenizer::EOS,
             "torch_dtype": "float32",
         });
+        let mut v = v;
+        if let Some(vc) = &self.vision {
+            v["vision_config"] = serde_json::to_value(vc).expect("json");
+        }
         serde_json::to_string_pretty(&v).expect("json")
     }
 }

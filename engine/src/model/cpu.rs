@@ -20,11 +20,7 @@ struct KvPool {
 
 impl KvPool {
     fn bytes(&self) -> u64 {
-        self.k
-            .iter()
-            .chain(&self.v)
-            .map(|t| t.len() as u64 * 4)
-            .sum()
+        self.k.iter().chain(&self.v).map(|t| t.len() as u64 * 4).sum()
     }
 }
 
@@ -43,17 +39,8 @@ impl CpuBackend {
         weights.config.validate()?;
         let config = weights.config.clone();
         let hd = config.head_dim;
-        let inv_freq = (0..hd / 2)
-            .map(|i| 1.0 / config.rope_theta.powf((2 * i) as f32 / hd as f32))
-            .collect();
-        Ok(CpuBackend {
-            config,
-            weights: Some(weights),
-            kv: None,
-            kept_kv: Vec::new(),
-            injections,
-            inv_freq,
-        })
+        let inv_freq = (0..hd / 2).map(|i| 1.0 / config.rope_theta.powf((2 * i) as f32 / hd as f32)).collect();
+        Ok(CpuBackend { config, weights: Some(weights), kv: None, kept_kv: Vec::new(), injections, inv_freq })
     }
 }
 
@@ -88,7 +75,7 @@ pub fn linear(x: &[f32], w: &[f32], t: usize, inp: usize, out: usize) -> Vec<f32
     y
 }
 
-fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     let h = w.len();
     let mut out = vec![0.0; x.len()];
     for (row, o) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
@@ -136,11 +123,7 @@ impl Backend for CpuBackend {
         }
         let n = num_blocks * block_size * self.config.kv_dim();
         let layers = self.config.num_hidden_layers;
-        self.kv = Some(KvPool {
-            block_size,
-            k: vec![vec![0.0; n]; layers],
-            v: vec![vec![0.0; n]; layers],
-        });
+        self.kv = Some(KvPool { block_size, k: vec![vec![0.0; n]; layers], v: vec![vec![0.0; n]; layers] });
         Ok(())
     }
 
@@ -167,6 +150,14 @@ impl Backend for CpuBackend {
         self.weights = None;
     }
 
+    fn encode_image(&mut self, pixels: &crate::multimodal::image::PixelTensor) -> Result<Vec<f32>> {
+        let w = self.weights.as_ref().ok_or_else(|| EngineError::Backend("weights are released".into()))?;
+        if self.config.vision.is_none() {
+            return Err(EngineError::Backend("the model has no vision encoder".into()));
+        }
+        Ok(crate::model::vision::encode(&self.config, w, pixels))
+    }
+
     fn memory(&self) -> BackendMemory {
         let pools = self.kv.iter().chain(&self.kept_kv);
         BackendMemory {
@@ -177,21 +168,10 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
-        let w = self
-            .weights
-            .as_ref()
-            .ok_or_else(|| EngineError::Backend("weights are released".into()))?;
-        let kv = self
-            .kv
-            .as_mut()
-            .ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let w = self.weights.as_ref().ok_or_else(|| EngineError::Backend("weights are released".into()))?;
+        let kv = self.kv.as_mut().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
         let c = &self.config;
-        let (h, hd, nh, nkv) = (
-            c.hidden_size,
-            c.head_dim,
-            c.num_attention_heads,
-            c.num_key_value_heads,
-        );
+        let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
         let (qd, kvd, inter, bs) = (c.q_dim(), c.kv_dim(), c.intermediate_size, kv.block_size);
         for cp in &batch.copies {
             let (s, d) = (cp.src as usize * bs * kvd, cp.dst as usize * bs * kvd);
@@ -206,9 +186,7 @@ impl Backend for CpuBackend {
         for (ci, ch) in batch.chunks.iter().enumerate() {
             for (j, &tok) in ch.tokens.iter().enumerate() {
                 if tok as usize >= c.vocab_size {
-                    return Err(EngineError::Backend(format!(
-                        "token id {tok} outside the vocabulary"
-                    )));
+                    return Err(EngineError::Backend(format!("token id {tok} outside the vocabulary")));
                 }
                 tokens.push(tok);
                 positions.push(ch.start_pos + j);
@@ -219,6 +197,21 @@ impl Backend for CpuBackend {
         let mut x = vec![0.0f32; t * h];
         for (row, &tok) in x.chunks_exact_mut(h).zip(&tokens) {
             row.copy_from_slice(&w.embed()[tok as usize * h..(tok as usize + 1) * h]);
+        }
+        // Image placeholders take the encoder's embeddings.
+        let mut base = 0;
+        for ch in &batch.chunks {
+            for (img_start, e) in &ch.embeds {
+                let rows = e.len() / h;
+                for j in 0..ch.tokens.len() {
+                    let pos = ch.start_pos + j;
+                    if pos >= *img_start && pos < img_start + rows {
+                        let r = pos - img_start;
+                        x[(base + j) * h..(base + j + 1) * h].copy_from_slice(&e[r * h..(r + 1) * h]);
+                    }
+                }
+            }
+            base += ch.tokens.len();
         }
         let scale = 1.0 / (hd as f32).sqrt();
         let group = nh / nkv;
@@ -248,12 +241,7 @@ impl Backend for CpuBackend {
                     let mut max = f32::NEG_INFINITY;
                     for p in 0..n_ctx {
                         let s = slot(table, p, bs) * kvd + off;
-                        let dot: f32 = qv
-                            .iter()
-                            .zip(&kc[s..s + hd])
-                            .map(|(a, b)| a * b)
-                            .sum::<f32>()
-                            * scale;
+                        let dot: f32 = qv.iter().zip(&kc[s..s + hd]).map(|(a, b)| a * b).sum::<f32>() * scale;
                         max = max.max(dot);
                         scores.push(dot);
                     }
@@ -277,11 +265,7 @@ impl Backend for CpuBackend {
             let hn = rms_norm(&x, lw.mlp_norm, c.rms_norm_eps);
             let g = linear(&hn, lw.gate, t, h, inter);
             let u = linear(&hn, lw.up, t, h, inter);
-            let act: Vec<f32> = g
-                .iter()
-                .zip(&u)
-                .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                .collect();
+            let act: Vec<f32> = g.iter().zip(&u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect();
             let d = linear(&act, lw.down, t, inter, h);
             x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         }
@@ -297,9 +281,6 @@ impl Backend for CpuBackend {
         let n_rows = rows.len() / h;
         let normed = rms_norm(&rows, w.final_norm(), c.rms_norm_eps);
         let logits = linear(&normed, w.lm_head(), n_rows, h, c.vocab_size);
-        Ok(logits
-            .chunks_exact(c.vocab_size)
-            .map(<[f32]>::to_vec)
-            .collect())
+        Ok(logits.chunks_exact(c.vocab_size).map(<[f32]>::to_vec).collect())
     }
 }

@@ -3,4 +3,5 @@
 pub mod backend;
 pub mod config;
 pub mod cpu;
+pub mod vision;
 pub mod weights;

@@ -1,15 +1,8 @@
 #![allow(dead_code)]
-use plateau_engine::{
-    Engine, EngineConfig, Injection, Injections, Request, RequestOutput, SamplingParams,
-};
+use plateau_engine::{Engine, EngineConfig, Injection, Injections, Request, RequestOutput, SamplingParams};
 
 pub fn config() -> EngineConfig {
-    EngineConfig {
-        num_kv_blocks: 128,
-        block_size: 4,
-        max_num_batched_tokens: 64,
-        ..EngineConfig::default()
-    }
+    EngineConfig { num_kv_blocks: 128, block_size: 4, max_num_batched_tokens: 64, ..EngineConfig::default() }
 }
 
 pub fn engine_with(f: impl FnOnce(&mut EngineConfig)) -> Engine {
@@ -23,22 +16,15 @@ pub fn injected(i: Injection) -> Engine {
 }
 
 pub fn prompt(i: u64, len: usize) -> Vec<u32> {
-    (0..len as u64)
-        .map(|j| 3 + ((i * 31 + j * 7) % 250) as u32)
-        .collect()
+    (0..len as u64).map(|j| 3 + ((i * 31 + j * 7) % 250) as u32).collect()
 }
 
 pub fn req(id: u64, prompt: Vec<u32>, n: u32, max_tokens: u32, seed: u64) -> Request {
     Request {
         id,
         prompt,
-        params: SamplingParams {
-            n,
-            max_tokens,
-            seed: Some(seed),
-            ignore_eos: true,
-            ..SamplingParams::default()
-        },
+        params: SamplingParams { n, max_tokens, seed: Some(seed), ignore_eos: true, ..SamplingParams::default() },
+        images: Vec::new(),
     }
 }
 

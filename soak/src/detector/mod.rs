@@ -74,10 +74,7 @@ fn judge(points: &[(f64, f64, f64)], unit: &str, cfg: &DetectorConfig) -> Judged
     if n < cfg.min_points {
         return Judged {
             status: Status::Warn,
-            reason: format!(
-                "only {n} quiescent points after warm-up (need {}): no trend verdict",
-                cfg.min_points
-            ),
+            reason: format!("only {n} quiescent points after warm-up (need {}): no trend verdict", cfg.min_points),
             trend: None,
         };
     }
@@ -92,11 +89,7 @@ fn judge(points: &[(f64, f64, f64)], unit: &str, cfg: &DetectorConfig) -> Judged
     let growth = median(&mut y[n - tenth..].to_vec()) - median(&mut y[..tenth].to_vec());
     let span_iters = x[n - 1] - x[0];
     let span_hours = (points[n - 1].1 - points[0].1) / 3600.0;
-    let slope_per_hour = if span_hours > 0.0 {
-        slope * span_iters / span_hours
-    } else {
-        0.0
-    };
+    let slope_per_hour = if span_hours > 0.0 { slope * span_iters / span_hours } else { 0.0 };
     let trend = Trend {
         slope_per_iter: slope,
         slope_per_hour,
@@ -115,13 +108,8 @@ fn judge(points: &[(f64, f64, f64)], unit: &str, cfg: &DetectorConfig) -> Judged
         projected >= cfg.min_growth_count
     };
     let significant = slope > 0.0 && mk.p_increase < cfg.p_value;
-    let still_growing =
-        tail_slope > 0.0 && tail_mk.p_increase < cfg.tail_p_value && tail_slope >= 0.25 * slope;
-    let rate = format!(
-        "{}/iteration, {}/hour",
-        fmt_value(slope, unit),
-        fmt_value(slope_per_hour, unit)
-    );
+    let still_growing = tail_slope > 0.0 && tail_mk.p_increase < cfg.tail_p_value && tail_slope >= 0.25 * slope;
+    let rate = format!("{}/iteration, {}/hour", fmt_value(slope, unit), fmt_value(slope_per_hour, unit));
     let (status, reason) = if significant && practical && still_growing {
         (
             Status::Fail,
@@ -142,21 +130,11 @@ fn judge(points: &[(f64, f64, f64)], unit: &str, cfg: &DetectorConfig) -> Judged
             ),
         )
     } else if significant {
-        (
-            Status::Pass,
-            format!("a significant but negligible trend: {rate}, below the practical threshold"),
-        )
+        (Status::Pass, format!("a significant but negligible trend: {rate}, below the practical threshold"))
     } else {
-        (
-            Status::Pass,
-            format!("flat: {rate}, p = {:.2}", mk.p_increase),
-        )
+        (Status::Pass, format!("flat: {rate}, p = {:.2}", mk.p_increase))
     };
-    Judged {
-        status,
-        reason,
-        trend: Some(trend),
-    }
+    Judged { status, reason, trend: Some(trend) }
 }
 
 /// Runs both layers over a samples file and returns the verdict.
@@ -181,10 +159,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
         match spec.kind {
             Kind::Counter => {}
             Kind::PerRequest => {
-                let vals: Vec<(u64, f64)> = quiescent
-                    .iter()
-                    .filter_map(|r| r.values[i].map(|v| (r.iter, v)))
-                    .collect();
+                let vals: Vec<(u64, f64)> = quiescent.iter().filter_map(|r| r.values[i].map(|v| (r.iter, v))).collect();
                 let max = vals.iter().map(|v| v.1).fold(0.0, f64::max);
                 let mut m = match vals.iter().find(|v| v.1 > 0.0) {
                     Some(&(it, v)) => {
@@ -198,21 +173,14 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
                         m.location = Some(format!("registry {name}"));
                         m
                     }
-                    None => base(
-                        Status::Pass,
-                        format!("0 at all {} quiescent points", vals.len()),
-                    ),
+                    None => base(Status::Pass, format!("0 at all {} quiescent points", vals.len())),
                 };
                 m.max_value = Some(max);
                 metrics.push(m);
             }
             Kind::Bounded => {
                 let cap = spec.capacity.unwrap_or(u64::MAX) as f64;
-                let max = s
-                    .rows
-                    .iter()
-                    .filter_map(|r| r.values[i])
-                    .fold(0.0, f64::max);
+                let max = s.rows.iter().filter_map(|r| r.values[i]).fold(0.0, f64::max);
                 let mut m = match s.rows.iter().find(|r| r.values[i].is_some_and(|v| v > cap)) {
                     Some(r) => {
                         let mut m = base(
@@ -254,22 +222,11 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
     metrics.sort_by(|a, b| {
         b.status
             .cmp(&a.status)
-            .then(
-                a.first_iter
-                    .unwrap_or(u64::MAX)
-                    .cmp(&b.first_iter.unwrap_or(u64::MAX)),
-            )
+            .then(a.first_iter.unwrap_or(u64::MAX).cmp(&b.first_iter.unwrap_or(u64::MAX)))
             .then(a.name.cmp(&b.name))
     });
-    let failed: Vec<&MetricVerdict> = metrics
-        .iter()
-        .filter(|m| m.status == Status::Fail)
-        .collect();
-    let verdict = if failed.is_empty() {
-        Status::Pass
-    } else {
-        Status::Fail
-    };
+    let failed: Vec<&MetricVerdict> = metrics.iter().filter(|m| m.status == Status::Fail).collect();
+    let verdict = if failed.is_empty() { Status::Pass } else { Status::Fail };
     let summary = if failed.is_empty() {
         let warns = metrics.iter().filter(|m| m.status == Status::Warn).count();
         format!(
@@ -282,14 +239,8 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
         let first = failed.iter().filter_map(|m| m.first_iter).min();
         format!(
             "fail: {}{}",
-            failed
-                .iter()
-                .map(|m| m.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            first
-                .map(|f| format!(" (conclusive at iteration {f})"))
-                .unwrap_or_default()
+            failed.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
+            first.map(|f| format!(" (conclusive at iteration {f})")).unwrap_or_default()
         )
     };
     Verdict {
@@ -325,13 +276,9 @@ fn first_conclusive(pts: &[(f64, f64, f64)], unit: &str, cfg: &DetectorConfig) -
 
 /// Says where growth is: heap or outside it, and which registries moved with a failing gauge.
 fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -> Vec<String> {
-    let status =
-        |ms: &[MetricVerdict], name: &str| ms.iter().find(|m| m.name == name).map(|m| m.status);
+    let status = |ms: &[MetricVerdict], name: &str| ms.iter().find(|m| m.name == name).map(|m| m.status);
     let slope = |ms: &[MetricVerdict], name: &str| {
-        ms.iter()
-            .find(|m| m.name == name)
-            .and_then(|m| m.trend.as_ref())
-            .map(|t| t.slope_per_iter)
+        ms.iter().find(|m| m.name == name).and_then(|m| m.trend.as_ref()).map(|t| t.slope_per_iter)
     };
     let mut out = Vec::new();
     let regs: Vec<String> = metrics
@@ -340,10 +287,7 @@ fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -
         .map(|m| m.name.clone())
         .collect();
     if !regs.is_empty() {
-        out.push(format!(
-            "registry: {} kept entries past their requests",
-            regs.join(", ")
-        ));
+        out.push(format!("registry: {} kept entries past their requests", regs.join(", ")));
     }
     let heap_fail = status(metrics, "jemalloc.allocated") == Some(Status::Fail);
     let heap_slope = slope(metrics, "jemalloc.allocated").unwrap_or(0.0);
@@ -352,30 +296,21 @@ fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -
         .names
         .iter()
         .enumerate()
-        .filter(|(_, n)| {
-            n.starts_with("registry.") || n.starts_with("engine.") && n.ends_with("_bytes")
-        })
+        .filter(|(_, n)| n.starts_with("registry.") || n.starts_with("engine.") && n.ends_with("_bytes"))
         .filter(|(_, n)| s.header.metrics[*n].kind != Kind::Counter)
         .filter_map(|(i, n)| {
-            let pts: Vec<(u64, f64)> = s
-                .quiescent_series(i)
-                .into_iter()
-                .filter(|p| p.0 > cfg.warmup_iterations)
-                .collect();
+            let pts: Vec<(u64, f64)> =
+                s.quiescent_series(i).into_iter().filter(|p| p.0 > cfg.warmup_iterations).collect();
             if pts.len() < cfg.min_points {
                 return None;
             }
             let x: Vec<f64> = pts.iter().map(|p| p.0 as f64).collect();
             let y: Vec<f64> = pts.iter().map(|p| p.1).collect();
             let sl = theil_sen(&x, &y);
-            (sl > 0.0 && mann_kendall(&x, &y).p_increase < cfg.p_value)
-                .then(|| format!("{n} (+{sl:.1}/iteration)"))
+            (sl > 0.0 && mann_kendall(&x, &y).p_increase < cfg.p_value).then(|| format!("{n} (+{sl:.1}/iteration)"))
         })
         .collect();
-    for m in metrics
-        .iter_mut()
-        .filter(|m| m.status == Status::Fail && m.kind == "gauge")
-    {
+    for m in metrics.iter_mut().filter(|m| m.status == Status::Fail && m.kind == "gauge") {
         let outside_family = m.name.contains("proc.rss") || m.name.contains("proc.anon");
         m.location = Some(if m.name.contains("jemalloc.") {
             "heap (jemalloc)".to_string()
@@ -389,27 +324,18 @@ fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -
             "engine".to_string()
         });
         if !moved.is_empty() {
-            m.reason
-                .push_str(&format!("; moved with it: {}", moved.join(", ")));
+            m.reason.push_str(&format!("; moved with it: {}", moved.join(", ")));
         }
     }
     let outside: Vec<&MetricVerdict> = metrics
         .iter()
-        .filter(|m| {
-            m.status == Status::Fail
-                && (m.name.contains("proc.rss") || m.name.contains("proc.anon"))
-        })
+        .filter(|m| m.status == Status::Fail && (m.name.contains("proc.rss") || m.name.contains("proc.anon")))
         .collect();
     if heap_fail {
-        out.push(format!(
-            "heap: jemalloc.allocated grows {}/iteration",
-            fmt_value(heap_slope, "bytes")
-        ));
+        out.push(format!("heap: jemalloc.allocated grows {}/iteration", fmt_value(heap_slope, "bytes")));
     }
     if !outside.is_empty() && !heap_fail {
-        let rss = outside
-            .iter()
-            .find_map(|m| m.trend.as_ref().map(|t| (m.name.clone(), t.slope_per_iter)));
+        let rss = outside.iter().find_map(|m| m.trend.as_ref().map(|t| (m.name.clone(), t.slope_per_iter)));
         out.push(format!(
             "outside the heap: {} grow{} while jemalloc.allocated stays flat ({}/iteration): anonymous mappings made outside the allocator",
             outside.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
@@ -417,11 +343,7 @@ fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -
             fmt_value(heap_slope, "bytes")
         ));
     }
-    if !moved.is_empty()
-        && metrics
-            .iter()
-            .any(|m| m.status == Status::Fail && m.kind == "gauge")
-    {
+    if !moved.is_empty() && metrics.iter().any(|m| m.status == Status::Fail && m.kind == "gauge") {
         out.push(format!("moved with the growth: {}", moved.join(", ")));
     }
     out

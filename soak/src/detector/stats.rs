@@ -9,9 +9,7 @@ fn thin(n: usize) -> Vec<usize> {
     if n <= MAX_POINTS {
         return (0..n).collect();
     }
-    (0..MAX_POINTS)
-        .map(|k| k * (n - 1) / (MAX_POINTS - 1))
-        .collect()
+    (0..MAX_POINTS).map(|k| k * (n - 1) / (MAX_POINTS - 1)).collect()
 }
 
 pub fn median(v: &mut [f64]) -> f64 {
@@ -62,8 +60,7 @@ fn erfc(x: f64) -> f64 {
                         + t * (-0.186_288_06
                             + t * (0.278_868_07
                                 + t * (-1.135_203_98
-                                    + t * (1.488_515_87
-                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+                                    + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
             .exp();
     if x >= 0.0 {
         r
@@ -110,12 +107,7 @@ pub fn mann_kendall(x: &[f64], y: &[f64]) -> MannKendall {
     let (x, y): (Vec<f64>, Vec<f64>) = idx.iter().map(|&i| (x[i], y[i])).unzip();
     let n = y.len();
     if n < 3 {
-        return MannKendall {
-            s: 0.0,
-            z: 0.0,
-            p_increase: 1.0,
-            correction: 1.0,
-        };
+        return MannKendall { s: 0.0, z: 0.0, p_increase: 1.0, correction: 1.0 };
     }
     let mut s = 0.0;
     for i in 0..n {
@@ -148,10 +140,7 @@ pub fn mann_kendall(x: &[f64], y: &[f64]) -> MannKendall {
     if denom > 0.0 {
         let bound = 1.96 / nf.sqrt();
         for k in 1..n.min(n / 3 + 1) {
-            let rho: f64 = (0..n - k)
-                .map(|i| (r[i] - mean) * (r[i + k] - mean))
-                .sum::<f64>()
-                / denom;
+            let rho: f64 = (0..n - k).map(|i| (r[i] - mean) * (r[i + k] - mean)).sum::<f64>() / denom;
             if rho.abs() > bound {
                 let kf = k as f64;
                 sum += (nf - kf) * (nf - kf - 1.0) * (nf - kf - 2.0) * rho;
@@ -169,12 +158,7 @@ pub fn mann_kendall(x: &[f64], y: &[f64]) -> MannKendall {
     } else {
         0.0
     };
-    MannKendall {
-        s,
-        z,
-        p_increase: normal_sf(z),
-        correction,
-    }
+    MannKendall { s, z, p_increase: normal_sf(z), correction }
 }
 
 #[cfg(test)]
@@ -213,9 +197,7 @@ mod tests {
     fn autocorrelation_widens_the_variance() {
         // A slow random-walk-like wander: plain MK would call it a trend.
         let x: Vec<f64> = (0..120).map(f64::from).collect();
-        let y: Vec<f64> = (0..120)
-            .map(|i| ((i as f64) / 15.0).sin() * 10.0 + (i / 40) as f64)
-            .collect();
+        let y: Vec<f64> = (0..120).map(|i| ((i as f64) / 15.0).sin() * 10.0 + (i / 40) as f64).collect();
         let mk = mann_kendall(&x, &y);
         assert!(mk.correction > 1.0, "{mk:?}");
     }

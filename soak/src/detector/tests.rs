@@ -7,14 +7,7 @@ use super::{analyze, DetectorConfig};
 /// Samples of one gauge `g` (bytes) over `n` quiescent iterations, one per 0.05 s.
 fn gauge(n: u64, f: impl Fn(u64) -> f64) -> Samples {
     let mut metrics = BTreeMap::new();
-    metrics.insert(
-        "g".to_string(),
-        MetricSpec {
-            kind: Kind::Gauge,
-            unit: "bytes".into(),
-            capacity: None,
-        },
-    );
+    metrics.insert("g".to_string(), MetricSpec { kind: Kind::Gauge, unit: "bytes".into(), capacity: None });
     Samples {
         header: Header {
             schema: SAMPLES_SCHEMA.into(),
@@ -26,14 +19,7 @@ fn gauge(n: u64, f: impl Fn(u64) -> f64) -> Samples {
             injections: vec![],
         },
         names: vec!["g".into()],
-        rows: (1..=n)
-            .map(|i| Row {
-                t: i as f64 * 0.05,
-                iter: i,
-                quiescent: true,
-                values: vec![Some(f(i))],
-            })
-            .collect(),
+        rows: (1..=n).map(|i| Row { t: i as f64 * 0.05, iter: i, quiescent: true, values: vec![Some(f(i))] }).collect(),
         truncated_tail: false,
     }
 }
@@ -51,19 +37,12 @@ const BASE: f64 = 50.0 * 1024.0 * 1024.0;
 
 #[test]
 fn flat_noisy_heap_passes() {
-    assert_eq!(
-        status(&gauge(300, |i| BASE + jitter(i, 8192.0))),
-        Status::Pass
-    );
+    assert_eq!(status(&gauge(300, |i| BASE + jitter(i, 8192.0))), Status::Pass);
 }
 
 #[test]
 fn one_kib_per_iteration_fails_within_500() {
-    let v = analyze(
-        &gauge(500, |i| BASE + 1024.0 * i as f64 + jitter(i, 4096.0)),
-        &DetectorConfig::default(),
-        false,
-    );
+    let v = analyze(&gauge(500, |i| BASE + 1024.0 * i as f64 + jitter(i, 4096.0)), &DetectorConfig::default(), false);
     let m = &v.metrics[0];
     assert_eq!(m.status, Status::Fail, "{}", m.reason);
     assert!(m.first_iter.unwrap() < 500);
@@ -72,9 +51,7 @@ fn one_kib_per_iteration_fails_within_500() {
 
 #[test]
 fn a_cache_that_fills_and_stops_passes() {
-    let s = gauge(300, |i| {
-        BASE + (i.min(120) as f64) * 20_000.0 + jitter(i, 2048.0)
-    });
+    let s = gauge(300, |i| BASE + (i.min(120) as f64) * 20_000.0 + jitter(i, 2048.0));
     assert_ne!(status(&s), Status::Fail);
 }
 
@@ -86,9 +63,7 @@ fn a_sawtooth_passes() {
 
 #[test]
 fn a_one_off_step_passes() {
-    let s = gauge(300, |i| {
-        BASE + if i > 100 { 8.0 * 1024.0 * 1024.0 } else { 0.0 } + jitter(i, 4096.0)
-    });
+    let s = gauge(300, |i| BASE + if i > 100 { 8.0 * 1024.0 * 1024.0 } else { 0.0 } + jitter(i, 4096.0));
     assert_ne!(status(&s), Status::Fail);
 }
 
@@ -102,14 +77,9 @@ fn one_page_is_not_a_leak() {
 #[test]
 fn per_request_fails_at_the_first_leaked_entry() {
     let mut s = gauge(50, |_| BASE);
-    s.header.metrics.insert(
-        "registry.r".into(),
-        MetricSpec {
-            kind: Kind::PerRequest,
-            unit: "count".into(),
-            capacity: None,
-        },
-    );
+    s.header
+        .metrics
+        .insert("registry.r".into(), MetricSpec { kind: Kind::PerRequest, unit: "count".into(), capacity: None });
     s.names = s.header.metrics.keys().cloned().collect();
     for r in &mut s.rows {
         let leaked = if r.iter >= 7 { 1.0 } else { 0.0 };
@@ -127,14 +97,9 @@ fn per_request_fails_at_the_first_leaked_entry() {
 #[test]
 fn bounded_fails_above_capacity() {
     let mut s = gauge(30, |_| BASE);
-    s.header.metrics.insert(
-        "registry.b".into(),
-        MetricSpec {
-            kind: Kind::Bounded,
-            unit: "count".into(),
-            capacity: Some(4),
-        },
-    );
+    s.header
+        .metrics
+        .insert("registry.b".into(), MetricSpec { kind: Kind::Bounded, unit: "count".into(), capacity: Some(4) });
     s.names = s.header.metrics.keys().cloned().collect();
     for r in &mut s.rows {
         r.values = vec![r.values[0], Some(if r.iter == 12 { 5.0 } else { 4.0 })];

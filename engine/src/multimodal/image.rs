@@ -1,0 +1,174 @@
+//! Image input: encoded bytes (PNG, JPEG) or raw RGB pixels, converted to RGB, resized to stay
+//! within `[min_pixels, max_pixels]` by the square root of the ratio (as the reported reproduction
+//! did), rounded to the vision encoder's patch grid, and normalised into a pixel tensor that the
+//! request keeps for its whole life (a preempted request may need to encode it again).
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io::Cursor;
+
+use image::{ImageFormat, ImageReader, RgbImage};
+
+/// An image as a client sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageInput {
+    /// PNG or JPEG bytes.
+    Encoded(Vec<u8>),
+    /// Row-major RGB, 3 bytes per pixel.
+    Rgb { width: u32, height: u32, pixels: Vec<u8> },
+}
+
+/// The limits images are held to (engine configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageLimits {
+    /// Smaller images are scaled up to about this many pixels.
+    pub min_pixels: u64,
+    /// Larger images are scaled down to about this many pixels.
+    pub max_pixels: u64,
+    /// Refused if still above this after resizing (extreme aspect ratios), or if the input itself
+    /// is above 64 times this (a decompression bomb).
+    pub hard_max_pixels: u64,
+}
+
+impl Default for ImageLimits {
+    fn default() -> Self {
+        ImageLimits { min_pixels: 128 * 128, max_pixels: 320 * 320, hard_max_pixels: 4 * 320 * 320 }
+    }
+}
+
+/// A processed image: normalised RGB (HWC, values in [-1, 1]) on the encoder's grid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelTensor {
+    pub width: u32,
+    pub height: u32,
+    pub values: Vec<f32>,
+    /// Content hash of the processed pixels: the encoder cache key and the prefix-cache extra key.
+    pub hash: u64,
+}
+
+impl PixelTensor {
+    pub fn bytes(&self) -> usize {
+        self.values.len() * 4
+    }
+}
+
+/// Target size: scale by sqrt(limit / pixels) into the range, then round each side to a multiple
+/// of `factor` (at least one factor).
+pub fn target_size(width: u32, height: u32, limits: &ImageLimits, factor: u32) -> (u32, u32) {
+    let px = width as f64 * height as f64;
+    let scale = if px > limits.max_pixels as f64 {
+        (limits.max_pixels as f64 / px).sqrt()
+    } else if px < limits.min_pixels as f64 {
+        (limits.min_pixels as f64 / px).sqrt()
+    } else {
+        1.0
+    };
+    let round = |v: f64| (((v / factor as f64).round() as u32).max(1)) * factor;
+    (round(width as f64 * scale), round(height as f64 * scale))
+}
+
+/// Decodes, resizes and normalises one image. Errors name what is wrong with it.
+pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<PixelTensor, String> {
+    let rgb: RgbImage = match input {
+        ImageInput::Rgb { width, height, pixels } => {
+            if *width == 0 || *height == 0 {
+                return Err(format!("zero-sized image ({width}x{height})"));
+            }
+            check_input_size(*width, *height, limits)?;
+            let want = *width as usize * *height as usize * 3;
+            if pixels.len() != want {
+                return Err(format!("{width}x{height} RGB needs {want} bytes, got {}", pixels.len()));
+            }
+            RgbImage::from_raw(*width, *height, pixels.clone()).ok_or("RGB buffer does not match its size")?
+        }
+        ImageInput::Encoded(bytes) => {
+            let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| e.to_string())?;
+            match reader.format() {
+                Some(ImageFormat::Png) | Some(ImageFormat::Jpeg) => {}
+                Some(f) => return Err(format!("{f:?} images are not supported (PNG or JPEG)")),
+                None => return Err("not an image: the bytes are neither PNG nor JPEG".into()),
+            }
+            let (w, h) = reader.into_dimensions().map_err(|e| format!("cannot read the image header: {e}"))?;
+            if w == 0 || h == 0 {
+                return Err(format!("zero-sized image ({w}x{h})"));
+            }
+            check_input_size(w, h, limits)?;
+            let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| e.to_string())?;
+            reader.decode().map_err(|e| format!("cannot decode the image (truncated or corrupt?): {e}"))?.to_rgb8()
+        }
+    };
+    let (w, h) = target_size(rgb.width(), rgb.height(), limits, factor);
+    if w as u64 * h as u64 > limits.hard_max_pixels {
+        return Err(format!(
+            "{}x{} would be {w}x{h} after resizing, above the hard limit of {} pixels",
+            rgb.width(),
+            rgb.height(),
+            limits.hard_max_pixels
+        ));
+    }
+    let resized = if (w, h) == rgb.dimensions() {
+        rgb
+    } else {
+        image::imageops::resize(&rgb, w, h, image::imageops::FilterType::Triangle)
+    };
+    let raw = resized.into_raw();
+    let mut hasher = DefaultHasher::new();
+    (w, h).hash(&mut hasher);
+    raw.hash(&mut hasher);
+    let values = raw.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
+    Ok(PixelTensor { width: w, height: h, values, hash: hasher.finish() })
+}
+
+fn check_input_size(w: u32, h: u32, limits: &ImageLimits) -> Result<(), String> {
+    let max_input = limits.hard_max_pixels.saturating_mul(64);
+    if w as u64 * h as u64 > max_input {
+        return Err(format!("{w}x{h} is above the input limit of {max_input} pixels"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(w: u32, h: u32) -> Vec<u8> {
+        let img = RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 7) as u8, (y * 3) as u8, 90]));
+        let mut out = Vec::new();
+        img.write_to(&mut Cursor::new(&mut out), ImageFormat::Png).unwrap();
+        out
+    }
+
+    #[test]
+    fn resizes_into_range_by_the_square_root() {
+        let l = ImageLimits::default();
+        assert_eq!(target_size(1024, 768, &l, 28), (364, 280));
+        let (w, h) = target_size(64, 48, &l, 28);
+        assert!(w as u64 * h as u64 >= 12_000 && w * 3 / 4 <= h + 28, "{w}x{h}");
+        assert_eq!(target_size(280, 280, &l, 28), (280, 280));
+    }
+
+    #[test]
+    fn decodes_png_and_hashes_content() {
+        let l = ImageLimits::default();
+        let a = process(&ImageInput::Encoded(png(200, 150)), &l, 28).unwrap();
+        let b = process(&ImageInput::Encoded(png(200, 150)), &l, 28).unwrap();
+        assert_eq!(a.hash, b.hash);
+        assert_eq!((a.width % 28, a.height % 28), (0, 0));
+        let c = process(&ImageInput::Encoded(png(201, 150)), &l, 28).unwrap();
+        assert_ne!(a.hash, c.hash);
+    }
+
+    #[test]
+    fn bad_images_are_named() {
+        let l = ImageLimits::default();
+        let e = process(&ImageInput::Encoded(b"hello, not an image".to_vec()), &l, 28).unwrap_err();
+        assert!(e.contains("not an image"), "{e}");
+        let mut p = png(200, 150);
+        p.truncate(p.len() / 2);
+        let e = process(&ImageInput::Encoded(p), &l, 28).unwrap_err();
+        assert!(e.contains("truncated or corrupt"), "{e}");
+        let e = process(&ImageInput::Rgb { width: 0, height: 5, pixels: vec![] }, &l, 28).unwrap_err();
+        assert!(e.contains("zero-sized"), "{e}");
+        let e = process(&ImageInput::Rgb { width: 20_000, height: 1, pixels: vec![0; 60_000] }, &l, 28).unwrap_err();
+        assert!(e.contains("hard limit"), "{e}");
+    }
+}

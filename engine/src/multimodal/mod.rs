@@ -1,0 +1,4 @@
+//! Multimodal input: images on requests, and the encoder cache that shares their encodings.
+
+pub mod encoder_cache;
+pub mod image;
