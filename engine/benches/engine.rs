@@ -68,5 +68,22 @@ fn iteration(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, decode_steps, iteration);
+/// The vision encoder on one image as multimodal-repeat sends it (364x280 after resizing: 130
+/// embeddings), and the image processing (decode, resize, normalise) in front of it.
+fn vision(c: &mut Criterion) {
+    use plateau_engine::multimodal::image::{process, ImageInput, ImageLimits};
+    use plateau_engine::{Backend, CpuBackend, ModelConfig, ModelWeights};
+    let cfg = ModelConfig::preset("tiny-vl").unwrap();
+    let factor = cfg.vision.as_ref().unwrap().grid_factor();
+    let (w, h) = (1024u32, 768u32);
+    let pixels: Vec<u8> = (0..w * h).flat_map(|i| [(i % w) as u8, (i / w) as u8, (i % 251) as u8]).collect();
+    let input = ImageInput::Rgb { width: w, height: h, pixels };
+    let limits = ImageLimits::default();
+    c.bench_function("image_process/1024x768_rgb", |b| b.iter(|| process(&input, &limits, factor).unwrap()));
+    let px = process(&input, &limits, factor).unwrap();
+    let mut backend = CpuBackend::new(ModelWeights::seeded(cfg, 0), Default::default()).unwrap();
+    c.bench_function("vision_encode/364x280", |b| b.iter(|| backend.encode_image(&px).unwrap()));
+}
+
+criterion_group!(benches, decode_steps, iteration, vision);
 criterion_main!(benches);

@@ -41,7 +41,7 @@ fn probes(c: &mut Criterion) {
 }
 
 fn iteration(c: &mut Criterion) {
-    for name in ["n-sampling", "mixed"] {
+    for name in ["n-sampling", "mixed", "multimodal-repeat"] {
         let (s, _) = Scenario::load(name).unwrap();
         let mut engine = build_engine(&s, "cpu", Injections::none(), 0).unwrap();
         let mut w = Workload::new(0);

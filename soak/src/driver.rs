@@ -112,6 +112,14 @@ pub fn build_engine(s: &Scenario, backend: &str, injections: Injections, seed: u
         enable_prefix_caching: e.enable_prefix_caching,
         seed,
         injections,
+        image_limits: plateau_engine::ImageLimits {
+            min_pixels: e.min_pixels,
+            max_pixels: e.max_pixels,
+            hard_max_pixels: e.hard_max_pixels,
+        },
+        encoder_cache_tokens: e.encoder_cache_tokens,
+        encoder_cache_entries: e.encoder_cache_entries,
+        max_encoder_tokens_per_step: e.max_encoder_tokens_per_step,
     };
     Engine::new(config).map_err(|err| RunError::Input(format!("engine: {err}")))
 }
@@ -175,6 +183,7 @@ impl Driver<'_> {
                 };
                 let hit = match stage {
                     Stage::Waiting => now == RequestStage::Waiting,
+                    Stage::Encode => matches!(now, RequestStage::Encoding | RequestStage::Encoded),
                     Stage::Prefill => now == RequestStage::Prefill,
                     Stage::Decode => now == RequestStage::Decode,
                     Stage::Preempted => now == RequestStage::Preempted,

@@ -12,8 +12,9 @@ use procfs::process::{MMapPath, Process};
 /// jemalloc statistics sampled, all gauges in bytes.
 pub const JEMALLOC: [&str; 6] = ["allocated", "active", "resident", "mapped", "retained", "metadata"];
 /// /proc figures sampled: (name, unit).
-pub const PROC: [(&str, &str); 8] = [
+pub const PROC: [(&str, &str); 9] = [
     ("rss", "bytes"),
+    ("anon_outside_heap", "bytes"),
     ("rss_anon", "bytes"),
     ("rss_file", "bytes"),
     ("swap", "bytes"),
@@ -67,7 +68,12 @@ impl ProcessProbes {
             );
         }
         for (p, unit) in PROC {
-            m.insert(format!("{prefix}proc.{p}"), MetricSpec { kind: Kind::Gauge, unit: unit.into(), capacity: None });
+            // Judged: anonymous memory outside the allocator's resident pages, and the anonymous
+            // mappings' size. Plotted only: RSS and its file-backed part, which come and go with
+            // what the kernel keeps cached, and RssAnon, whose heap part jemalloc's own gauges
+            // judge exactly (its page-granular settling would only add noise).
+            let kind = if matches!(p, "rss" | "rss_file" | "rss_anon") { Kind::Counter } else { Kind::Gauge };
+            m.insert(format!("{prefix}proc.{p}"), MetricSpec { kind, unit: unit.into(), capacity: None });
         }
         m
     }
@@ -92,6 +98,11 @@ impl ProcessProbes {
         cost_us.insert("jemalloc".into(), (t1 - t0).as_secs_f64() * 1e6);
         if let Some(p) = &self.proc {
             read_proc(p, prefix, values);
+        }
+        let (anon, heap) =
+            (values.get(&format!("{prefix}proc.rss_anon")), values.get(&format!("{prefix}jemalloc.resident")));
+        if let (Some(anon), Some(heap)) = (anon, heap) {
+            values.insert(format!("{prefix}proc.anon_outside_heap"), anon - heap);
         }
         cost_us.insert("proc".into(), t1.elapsed().as_secs_f64() * 1e6);
     }

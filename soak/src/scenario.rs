@@ -9,7 +9,8 @@ use serde::Deserialize;
 
 /// The scenarios shipped with plateau, embedded so that `plateau run NAME` and `plateau selftest`
 /// work from any directory.
-pub const SHIPPED: [(&str, &str); 5] = [
+pub const SHIPPED: [(&str, &str); 6] = [
+    ("multimodal-repeat", include_str!("../../scenarios/multimodal-repeat.toml")),
     ("n-sampling", include_str!("../../scenarios/n-sampling.toml")),
     ("aborts", include_str!("../../scenarios/aborts.toml")),
     ("rl-rollout", include_str!("../../scenarios/rl-rollout.toml")),
@@ -44,6 +45,18 @@ pub struct EngineSection {
     pub max_num_batched_tokens: usize,
     pub max_model_len: Option<usize>,
     pub enable_prefix_caching: bool,
+    /// Images smaller than this many pixels are scaled up (by the square root of the ratio).
+    pub min_pixels: u64,
+    /// Images larger than this many pixels are scaled down.
+    pub max_pixels: u64,
+    /// Images still above this after resizing are refused.
+    pub hard_max_pixels: u64,
+    /// Encoder cache budget, in embeddings.
+    pub encoder_cache_tokens: usize,
+    /// Encoder cache entries at most.
+    pub encoder_cache_entries: usize,
+    /// Encoder output tokens computed per step at most.
+    pub max_encoder_tokens_per_step: usize,
 }
 
 impl Default for EngineSection {
@@ -59,6 +72,12 @@ impl Default for EngineSection {
             max_num_batched_tokens: 512,
             max_model_len: None,
             enable_prefix_caching: true,
+            min_pixels: 128 * 128,
+            max_pixels: 320 * 320,
+            hard_max_pixels: 4 * 320 * 320,
+            encoder_cache_tokens: 4096,
+            encoder_cache_entries: 64,
+            max_encoder_tokens_per_step: 1024,
         }
     }
 }
@@ -110,6 +129,38 @@ pub struct Batch {
     pub abort: Option<Abort>,
     /// Invalid requests mixed into the batch; each must be refused.
     pub invalid: u32,
+    /// Images for the prompt's `<|image_pad|>` placeholders: request i's j-th placeholder takes
+    /// `images[(i + j) % len]`.
+    pub images: Vec<ImageSpec>,
+}
+
+/// A seeded, photo-like image.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageSpec {
+    pub width: u32,
+    pub height: u32,
+    /// How the client sends it: `jpeg`, `png` or `rgb` (raw pixels, as a decoded PIL image).
+    #[serde(default = "ImageSpec::default_format")]
+    pub format: ImageFormatSpec,
+    /// A different image for every request (by default the same pixels each time, as in the
+    /// reported reproduction, so the encoder cache hits).
+    #[serde(default)]
+    pub unique: bool,
+}
+
+impl ImageSpec {
+    fn default_format() -> ImageFormatSpec {
+        ImageFormatSpec::Rgb
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ImageFormatSpec {
+    Jpeg,
+    Png,
+    Rgb,
 }
 
 impl Default for Batch {
@@ -128,6 +179,7 @@ impl Default for Batch {
             stop_token_ids: Vec::new(),
             abort: None,
             invalid: 0,
+            images: Vec::new(),
         }
     }
 }
@@ -145,6 +197,8 @@ pub struct Abort {
 pub enum Stage {
     /// Before it is first scheduled.
     Waiting,
+    /// Its images partly or wholly encoded, its prompt not yet started.
+    Encode,
     /// After part of its prompt is computed, before its first token.
     Prefill,
     /// After it has produced tokens.
@@ -287,6 +341,9 @@ impl Scenario {
                 return fail(eng(key), "must be at least 1".into());
             }
         }
+        if !(e.min_pixels >= 1 && e.min_pixels <= e.max_pixels && e.max_pixels <= e.hard_max_pixels) {
+            return fail(eng("max_pixels"), "need 1 <= min_pixels <= max_pixels <= hard_max_pixels".into());
+        }
         if self.soak.iterations == 0 {
             return fail(soak("iterations"), "must be at least 1".into());
         }
@@ -327,6 +384,33 @@ impl Scenario {
                     }
                     if !(b.temperature >= 0.0) {
                         return fail(at("temperature"), format!("{} must be >= 0", b.temperature));
+                    }
+                    let pads = b.prompt.matches(plateau_engine::tokenizer::IMAGE_PAD_TEXT).count();
+                    if pads > 0 && b.images.is_empty() {
+                        return fail(
+                            at("images"),
+                            format!("the prompt has {pads} <|image_pad|> placeholders and no images"),
+                        );
+                    }
+                    if pads == 0 && !b.images.is_empty() {
+                        return fail(
+                            at("images"),
+                            "images given but the prompt has no <|image_pad|> placeholder".into(),
+                        );
+                    }
+                    if let Some(img) =
+                        b.images.iter().find(|i| i.width == 0 || i.height == 0 || i.width > 8192 || i.height > 8192)
+                    {
+                        return fail(at("images"), format!("{}x{}: sides must be in 1..=8192", img.width, img.height));
+                    }
+                    if pads > 0 && e.weights.is_none() {
+                        let vision = plateau_engine::ModelConfig::preset(&e.preset).map(|c| c.vision.is_some());
+                        if vision == Ok(false) {
+                            return fail(
+                                eng("preset"),
+                                format!("`{}` has no vision encoder and phase {i} sends images; use tiny-vl", e.preset),
+                            );
+                        }
                     }
                 }
                 Phase::Pressure(pr) => {

@@ -18,12 +18,13 @@ pub struct Case {
     pub expect_metric: Option<&'static str>,
 }
 
-pub const CASES: [Case; 10] = [
+pub const CASES: [Case; 13] = [
     Case { scenario: "n-sampling", inject: None, quick_iterations: 60, expect_metric: None },
     Case { scenario: "aborts", inject: None, quick_iterations: 60, expect_metric: None },
     Case { scenario: "rl-rollout", inject: None, quick_iterations: 60, expect_metric: None },
     Case { scenario: "prefill-only", inject: None, quick_iterations: 60, expect_metric: None },
     Case { scenario: "mixed", inject: None, quick_iterations: 60, expect_metric: None },
+    Case { scenario: "multimodal-repeat", inject: None, quick_iterations: 60, expect_metric: None },
     Case {
         scenario: "n-sampling",
         inject: Some("registry-retains-finished"),
@@ -51,8 +52,20 @@ pub const CASES: [Case; 10] = [
     Case {
         scenario: "n-sampling",
         inject: Some("untracked-heap"),
-        quick_iterations: 120,
+        quick_iterations: 200,
         expect_metric: Some("jemalloc.allocated"),
+    },
+    Case {
+        scenario: "multimodal-repeat",
+        inject: Some("registry-retains-finished"),
+        quick_iterations: 30,
+        expect_metric: Some("registry.requests"),
+    },
+    Case {
+        scenario: "aborts",
+        inject: Some("encoder-cache-abort"),
+        quick_iterations: 30,
+        expect_metric: Some("registry.encoder_cache.refs"),
     },
 ];
 

@@ -9,7 +9,11 @@ use plateau_engine::{Request, SamplingParams};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
-use crate::scenario::{Batch, Pressure};
+use std::collections::BTreeMap;
+
+use plateau_engine::ImageInput;
+
+use crate::scenario::{Batch, ImageFormatSpec, ImageSpec, Pressure};
 
 pub fn rng_for(parts: &[u64]) -> ChaCha8Rng {
     let mut h = DefaultHasher::new();
@@ -51,16 +55,69 @@ pub fn render(template: &str, i: u64, iter: u64) -> String {
     out
 }
 
+/// A seeded photo-like picture: a sky-to-ground gradient, a few soft blobs and fine grain.
+pub fn photo(width: u32, height: u32, seed: u64) -> Vec<u8> {
+    let mut rng = rng_for(&[seed, width as u64, height as u64]);
+    let mut colour = || [(rng.next_u32() % 256) as f32, (rng.next_u32() % 256) as f32, (rng.next_u32() % 256) as f32];
+    let (top, bottom) = (colour(), colour());
+    let blobs: Vec<([f32; 3], f32, f32, f32)> = (0..4)
+        .map(|_| {
+            let c = colour();
+            let (cx, cy) = ((c[0] / 255.0) * width as f32, (c[1] / 255.0) * height as f32);
+            let r = (0.08 + c[2] / 255.0 * 0.25) * width.max(height) as f32;
+            (colour(), cx, cy, r * r)
+        })
+        .collect();
+    let mut out = Vec::with_capacity(width as usize * height as usize * 3);
+    for y in 0..height {
+        let t = y as f32 / height as f32;
+        for x in 0..width {
+            let mut px = [0.0f32; 3];
+            for k in 0..3 {
+                px[k] = top[k] * (1.0 - t) + bottom[k] * t;
+            }
+            for (c, cx, cy, r2) in &blobs {
+                let d2 = (x as f32 - cx).powi(2) + (y as f32 - cy).powi(2);
+                if d2 < 4.0 * r2 {
+                    let w = (-d2 / r2).exp();
+                    for k in 0..3 {
+                        px[k] = px[k] * (1.0 - w) + c[k] * w;
+                    }
+                }
+            }
+            let grain = ((x.wrapping_mul(73_856_093) ^ y.wrapping_mul(19_349_663) ^ seed as u32) % 17) as f32 - 8.0;
+            out.extend(px.iter().map(|v| (v + grain).clamp(0.0, 255.0) as u8));
+        }
+    }
+    out
+}
+
+/// The image a client would send for `spec`.
+pub fn image_input(spec: &ImageSpec, seed: u64) -> ImageInput {
+    let pixels = photo(spec.width, spec.height, seed);
+    let format = match spec.format {
+        ImageFormatSpec::Rgb => return ImageInput::Rgb { width: spec.width, height: spec.height, pixels },
+        ImageFormatSpec::Png => image::ImageFormat::Png,
+        ImageFormatSpec::Jpeg => image::ImageFormat::Jpeg,
+    };
+    let img = image::RgbImage::from_raw(spec.width, spec.height, pixels).expect("sized above");
+    let mut bytes = Vec::new();
+    img.write_to(&mut std::io::Cursor::new(&mut bytes), format).expect("encoding to memory");
+    ImageInput::Encoded(bytes)
+}
+
 /// Request ids and their construction for one run.
 #[derive(Debug)]
 pub struct Workload {
     pub seed: u64,
     pub next_id: u64,
+    /// Shared (non-unique) images, made once per run: (phase, index in the phase's list).
+    images: BTreeMap<(usize, usize), ImageInput>,
 }
 
 impl Workload {
     pub fn new(seed: u64) -> Self {
-        Workload { seed, next_id: 0 }
+        Workload { seed, next_id: 0, images: BTreeMap::new() }
     }
 
     fn take_id(&mut self) -> u64 {
@@ -81,6 +138,19 @@ impl Workload {
                     let pad = (len as usize).saturating_sub(prompt.len());
                     prompt.extend(random_tokens(&mut rng_for(&[self.seed, id]), pad));
                 }
+                let pads = prompt.iter().filter(|&&t| t == plateau_engine::tokenizer::IMAGE_PAD).count();
+                let images = (0..pads)
+                    .map(|j| {
+                        let k = (id as usize + j) % b.images.len();
+                        let spec = &b.images[k];
+                        if spec.unique {
+                            image_input(spec, self.seed ^ id.rotate_left(17) ^ j as u64)
+                        } else {
+                            let seed = self.seed ^ (phase as u64) << 32 ^ k as u64;
+                            self.images.entry((phase, k)).or_insert_with(|| image_input(spec, seed)).clone()
+                        }
+                    })
+                    .collect();
                 let params = SamplingParams {
                     n: b.n,
                     temperature: b.temperature,
@@ -91,7 +161,7 @@ impl Workload {
                     ignore_eos: b.ignore_eos,
                     seed: Some(self.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 };
-                Request { id, prompt, params, images: Vec::new() }
+                Request { id, prompt, params, images }
             })
             .collect()
     }

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 #[test]
 fn clean_scenarios_pass_for_20_seeds() {
-    let scenarios = ["n-sampling", "aborts", "rl-rollout", "prefill-only", "mixed"];
+    let scenarios = ["n-sampling", "aborts", "rl-rollout", "prefill-only", "mixed", "multimodal-repeat"];
     let jobs: Vec<(&str, u64)> = scenarios.iter().flat_map(|s| (100..120).map(move |seed| (*s, seed))).collect();
     let next = AtomicUsize::new(0);
     let failures = Mutex::new(Vec::new());
@@ -19,7 +19,7 @@ fn clean_scenarios_pass_for_20_seeds() {
                 let Some(&(s, seed)) = jobs.get(k) else { break };
                 let out = root.join(format!("{s}-{seed}"));
                 let o = Command::new(env!("CARGO_BIN_EXE_plateau"))
-                    .args(["run", s, "--seed", &seed.to_string(), "--iterations", "30", "--quiet", "--out"])
+                    .args(["run", s, "--seed", &seed.to_string(), "--iterations", "40", "--quiet", "--out"])
                     .arg(&out)
                     .output()
                     .unwrap();

@@ -105,17 +105,23 @@ pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<
             limits.hard_max_pixels
         ));
     }
-    let resized = if (w, h) == rgb.dimensions() {
-        rgb
-    } else {
-        image::imageops::resize(&rgb, w, h, image::imageops::FilterType::Triangle)
-    };
-    let raw = resized.into_raw();
+    let raw = if (w, h) == rgb.dimensions() { rgb.into_raw() } else { resize(rgb, w, h)? };
     let mut hasher = DefaultHasher::new();
     (w, h).hash(&mut hasher);
     raw.hash(&mut hasher);
     let values = raw.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
     Ok(PixelTensor { width: w, height: h, values, hash: hasher.finish() })
+}
+
+/// Bilinear (triangle-filter) resampling through `fast_image_resize` (SIMD; no threads).
+fn resize(rgb: RgbImage, w: u32, h: u32) -> Result<Vec<u8>, String> {
+    use fast_image_resize::{images::Image, FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+    let (sw, sh) = rgb.dimensions();
+    let src = Image::from_vec_u8(sw, sh, rgb.into_raw(), PixelType::U8x3).map_err(|e| format!("resize: {e}"))?;
+    let mut dst = Image::new(w, h, PixelType::U8x3);
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    Resizer::new().resize(&src, &mut dst, &options).map_err(|e| format!("resize: {e}"))?;
+    Ok(dst.into_vec())
 }
 
 fn check_input_size(w: u32, h: u32, limits: &ImageLimits) -> Result<(), String> {

@@ -38,7 +38,7 @@ impl Default for DetectorConfig {
             warmup_iterations: 20,
             p_value: 0.01,
             tail_p_value: 0.05,
-            min_growth_bytes: 64.0 * 1024.0,
+            min_growth_bytes: 128.0 * 1024.0,
             min_bytes_per_hour: 1024.0 * 1024.0,
             min_growth_count: 16.0,
             min_points: 12,
@@ -102,13 +102,15 @@ fn judge(points: &[(f64, f64, f64)], unit: &str, cfg: &DetectorConfig) -> Judged
         points: n,
     };
     let projected = slope * span_iters;
-    let practical = if unit == "bytes" {
-        projected >= cfg.min_growth_bytes && slope_per_hour >= cfg.min_bytes_per_hour
-    } else {
-        projected >= cfg.min_growth_count
-    };
+    let floor = if unit == "bytes" { cfg.min_growth_bytes } else { cfg.min_growth_count };
+    let practical = projected >= floor && (unit != "bytes" || slope_per_hour >= cfg.min_bytes_per_hour);
     let significant = slope > 0.0 && mk.p_increase < cfg.p_value;
-    let still_growing = tail_slope > 0.0 && tail_mk.p_increase < cfg.tail_p_value && tail_slope >= 0.25 * slope;
+    // Still growing: the last half alone shows a significant rise, at a good part of the overall
+    // rate, and by more than the practical floor. A creep of a page every few iterations that is
+    // settling, or one step, does not pass this; a leak does.
+    let tail_growth = tail_slope * (x[n - 1] - x[half]);
+    let still_growing =
+        tail_slope > 0.0 && tail_mk.p_increase < cfg.tail_p_value && tail_slope >= 0.25 * slope && tail_growth >= floor;
     let rate = format!("{}/iteration, {}/hour", fmt_value(slope, unit), fmt_value(slope_per_hour, unit));
     let (status, reason) = if significant && practical && still_growing {
         (
@@ -292,7 +294,7 @@ fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -
     let heap_fail = status(metrics, "jemalloc.allocated") == Some(Status::Fail);
     let heap_slope = slope(metrics, "jemalloc.allocated").unwrap_or(0.0);
     // Registries whose own series rose along with a failing gauge.
-    let moved: Vec<String> = s
+    let moved_slopes: Vec<(String, f64)> = s
         .names
         .iter()
         .enumerate()
@@ -307,9 +309,10 @@ fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -
             let x: Vec<f64> = pts.iter().map(|p| p.0 as f64).collect();
             let y: Vec<f64> = pts.iter().map(|p| p.1).collect();
             let sl = theil_sen(&x, &y);
-            (sl > 0.0 && mann_kendall(&x, &y).p_increase < cfg.p_value).then(|| format!("{n} (+{sl:.1}/iteration)"))
+            (sl > 0.0 && mann_kendall(&x, &y).p_increase < cfg.p_value).then(|| (n.clone(), sl))
         })
         .collect();
+    let moved: Vec<String> = moved_slopes.iter().map(|(n, sl)| format!("{n} (+{sl:.1}/iteration)")).collect();
     for m in metrics.iter_mut().filter(|m| m.status == Status::Fail && m.kind == "gauge") {
         let outside_family = m.name.contains("proc.rss") || m.name.contains("proc.anon");
         m.location = Some(if m.name.contains("jemalloc.") {
@@ -332,7 +335,14 @@ fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -
         .filter(|m| m.status == Status::Fail && (m.name.contains("proc.rss") || m.name.contains("proc.anon")))
         .collect();
     if heap_fail {
-        out.push(format!("heap: jemalloc.allocated grows {}/iteration", fmt_value(heap_slope, "bytes")));
+        // Bytes per leaked entry, against each per-request registry that grew with the heap.
+        let per_entry: Vec<String> = moved_slopes
+            .iter()
+            .filter(|(n, sl)| *sl >= 1.0 && s.header.metrics[n].kind == Kind::PerRequest)
+            .map(|(n, sl)| format!("about {} per entry of {n}", fmt_value(heap_slope / sl, "bytes")))
+            .collect();
+        let per_entry = if per_entry.is_empty() { String::new() } else { format!(" ({})", per_entry.join(", ")) };
+        out.push(format!("heap: jemalloc.allocated grows {}/iteration{per_entry}", fmt_value(heap_slope, "bytes")));
     }
     if !outside.is_empty() && !heap_fail {
         let rss = outside.iter().find_map(|m| m.trend.as_ref().map(|t| (m.name.clone(), t.slope_per_iter)));
