@@ -49,6 +49,12 @@ pub struct EngineConfig {
     pub encoder_cache_entries: usize,
     /// Encoder output tokens computed per step at most.
     pub max_encoder_tokens_per_step: usize,
+    /// Monolithic, or one side of a prefill/decode pair.
+    pub role: crate::pd::Role,
+    /// This engine's id in transfer parameters.
+    pub engine_id: u32,
+    /// Prefill side: how long KV is held for a decode side that never pulls it.
+    pub kv_transfer_timeout_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +73,9 @@ impl Default for EngineConfig {
             encoder_cache_tokens: 4096,
             encoder_cache_entries: 64,
             max_encoder_tokens_per_step: 1024,
+            role: crate::pd::Role::Monolithic,
+            engine_id: 0,
+            kv_transfer_timeout_ms: 5_000,
         }
     }
 }
@@ -91,6 +100,10 @@ pub enum RequestStage {
     Encoding,
     /// Every image encoded, no prompt token computed yet.
     Encoded,
+    /// Decode side: waiting for its prompt's KV to be pulled.
+    AwaitingKv,
+    /// Decode side: its prompt's KV is being pulled.
+    PullingKv,
     /// Part of its prompt computed, no token yet.
     Prefill,
     /// Producing tokens.
@@ -134,9 +147,31 @@ pub(crate) struct ReqState {
     pub cached_prompt_tokens: u32,
     pub error: Option<String>,
     pub images: Vec<ImageItem>,
+    /// Decode side of a disaggregated request: where its prompt's KV comes from.
+    pub remote: Option<crate::pd::Remote>,
 }
 
 impl ReqState {
+    pub fn new(
+        params: SamplingParams,
+        seed: u64,
+        prompt: Vec<u32>,
+        sid: SeqId,
+        images: Vec<ImageItem>,
+        remote: Option<crate::pd::Remote>,
+    ) -> Self {
+        ReqState {
+            params,
+            seed,
+            prompt,
+            seqs: vec![sid],
+            forked: false,
+            cached_prompt_tokens: 0,
+            error: None,
+            images,
+            remote,
+        }
+    }
     /// Prefix-cache extra keys: each image's content hash over its placeholder positions.
     pub fn extra_keys(&self) -> Vec<ExtraKey> {
         self.images.iter().map(|i| ExtraKey { start: i.start, end: i.start + i.len, hash: i.hash }).collect()
@@ -189,6 +224,9 @@ pub struct Engine {
     pub(crate) asleep: Option<u8>,
     pub(crate) counters: Counters,
     pub(crate) next_seq: SeqId,
+    pub(crate) pd: crate::pd::PdState,
+    /// The time the shell last told the core (`advance_time`), in ms.
+    pub(crate) now_ms: u64,
     /// Written only by the `untracked-heap` injection: a history that no registry counts.
     history: Vec<Vec<u32>>,
 }
@@ -221,6 +259,7 @@ impl Engine {
         let mut book = Registries::new();
         let kv = KvManager::new(config.num_kv_blocks, config.block_size, config.enable_prefix_caching, &mut book);
         let encoder_cache = EncoderCache::new(config.encoder_cache_tokens, config.encoder_cache_entries, &mut book);
+        let pd = crate::pd::PdState::new(&mut book);
         Ok(Engine {
             requests: book.map("registry.requests", MetricKind::PerRequest),
             seqs: book.map("registry.sequences", MetricKind::PerRequest),
@@ -238,6 +277,8 @@ impl Engine {
             counters: Counters::default(),
             next_seq: 0,
             history: Vec::new(),
+            pd,
+            now_ms: 0,
         })
     }
 
@@ -257,7 +298,7 @@ impl Engine {
         self.backend.name()
     }
 
-    fn validate(&self, r: &Request) -> Result<()> {
+    pub(crate) fn validate(&self, r: &Request) -> Result<()> {
         let bad = |reason: String| Err(EngineError::InvalidRequest { id: r.id, reason });
         let p = &r.params;
         if let Some(level) = self.asleep {
@@ -347,26 +388,9 @@ impl Engine {
     pub fn add_request(&mut self, r: Request) -> Result<()> {
         self.validate(&r)?;
         let (prompt, images) = self.expand_images(&r)?;
-        let seed = r.params.seed.unwrap_or_else(|| {
-            // SplitMix-style mix of the engine seed and the id: deterministic, no global RNG.
-            let mut z = self.config.seed ^ r.id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z ^ (z >> 31)
-        });
+        let seed = self.request_seed(&r);
         let sid = self.new_seq(r.id, 0, prompt.clone(), seed);
-        self.requests.insert(
-            r.id,
-            ReqState {
-                params: r.params,
-                seed,
-                prompt,
-                seqs: vec![sid],
-                forked: false,
-                cached_prompt_tokens: 0,
-                error: None,
-                images,
-            },
-        );
+        self.requests.insert(r.id, ReqState::new(r.params, seed, prompt, sid, images, None));
         self.waiting.push_back(sid);
         self.counters.requests_added += 1;
         Ok(())
@@ -399,7 +423,13 @@ impl Engine {
             .iter()
             .filter_map(|sid| self.seqs.get(sid).filter(|s| s.finished.is_none()).map(|s| (sid, s)))
             .map(|(sid, s)| {
-                if self.waiting.contains(sid) {
+                if self.pd.waiting_for_kv.contains(sid) {
+                    if self.pd.pulls.contains_key(&id) {
+                        RequestStage::PullingKv
+                    } else {
+                        RequestStage::AwaitingKv
+                    }
+                } else if self.waiting.contains(sid) {
                     let held = req.images.iter().filter(|i| self.encoder_cache.holds(i.hash, id)).count();
                     if s.preemptions > 0 {
                         RequestStage::Preempted
@@ -421,16 +451,22 @@ impl Engine {
 
     /// True while any sequence is waiting or running (the harness drains until this is false).
     pub fn has_unfinished(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty() || !self.outputs.is_empty()
+        !self.waiting.is_empty()
+            || !self.running.is_empty()
+            || !self.outputs.is_empty()
+            || !self.pd.waiting_for_kv.is_empty()
     }
 
     /// Requests in flight (added, not yet finished).
     pub fn num_in_flight(&self) -> usize {
-        self.waiting.len() + self.running.len()
+        self.waiting.len() + self.running.len() + self.pd.waiting_for_kv.len()
     }
 
     /// One engine step: schedule, compute, sample, finish. Returns the requests that ended.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
+        if self.asleep.is_none() && !self.pd.waiting_for_kv.is_empty() {
+            self.start_pulls();
+        }
         if self.asleep.is_none() && (!self.waiting.is_empty() || !self.running.is_empty()) {
             self.counters.steps += 1;
             let sched = self.schedule();
@@ -555,9 +591,21 @@ impl Engine {
 
     /// Ends one sequence: its blocks go back, and its request ends when its last sequence does.
     pub(crate) fn finish_seq(&mut self, sid: SeqId, reason: FinishReason) {
-        self.kv.free(sid);
+        let request = self.seqs.get(&sid).expect("seq").request;
+        let hold = self.config.role == crate::pd::Role::Prefill
+            && matches!(reason, FinishReason::Stopped | FinishReason::Length)
+            && self.requests.contains_key(&request);
+        if hold {
+            // Prefill side: the blocks stay for the decode side to pull.
+            self.hold_for_transfer(sid, request);
+        } else {
+            self.kv.free(sid);
+        }
         self.running.remove_item(&sid);
         self.waiting.remove_item(&sid);
+        if self.pd.waiting_for_kv.contains(&sid) {
+            self.forget_remote(request, sid);
+        }
         let s = self.seqs.get_mut(&sid).expect("seq");
         s.finished = Some(reason);
         let request = s.request;
@@ -625,7 +673,9 @@ impl Engine {
                 },
             });
         }
+        let transfer = self.transfer_params(id);
         let out = RequestOutput {
+            transfer,
             id,
             prompt_tokens: req.prompt.len() as u32,
             seqs,
@@ -673,6 +723,9 @@ impl Engine {
             s.finished = Some(FinishReason::Aborted);
             self.running.remove_item(&sid);
             self.waiting.remove_item(&sid);
+            if self.pd.waiting_for_kv.contains(&sid) {
+                self.forget_remote(id, sid);
+            }
             if !self.config.injections.on(Injection::AbortKeepsBlocks) {
                 self.kv.free(sid);
             }

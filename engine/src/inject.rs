@@ -12,16 +12,22 @@ pub enum Injection {
     SleepKeepsKv,
     UntrackedHeap,
     EncoderCacheAbort,
+    PdMmapHook,
+    PdPrefillHold,
+    PdHandles,
 }
 
 impl Injection {
-    pub const ALL: [Injection; 6] = [
+    pub const ALL: [Injection; 9] = [
         Injection::RegistryRetainsFinished,
         Injection::NAbortOrphans,
         Injection::AbortKeepsBlocks,
         Injection::SleepKeepsKv,
         Injection::UntrackedHeap,
         Injection::EncoderCacheAbort,
+        Injection::PdMmapHook,
+        Injection::PdPrefillHold,
+        Injection::PdHandles,
     ];
 
     pub fn name(self) -> &'static str {
@@ -32,6 +38,9 @@ impl Injection {
             Injection::SleepKeepsKv => "sleep-keeps-kv",
             Injection::UntrackedHeap => "untracked-heap",
             Injection::EncoderCacheAbort => "encoder-cache-abort",
+            Injection::PdMmapHook => "pd-mmap-hook",
+            Injection::PdPrefillHold => "pd-prefill-hold",
+            Injection::PdHandles => "pd-handles",
         }
     }
 
@@ -48,6 +57,13 @@ impl Injection {
             Injection::EncoderCacheAbort => {
                 "image encoder outputs of aborted requests are never freed: the abort path keeps their cache references"
             }
+            Injection::PdMmapHook => {
+                "the KV transport's memory hook keeps every remapped receive region mapped (anonymous memory outside the allocator)"
+            }
+            Injection::PdPrefillHold => {
+                "the prefill side never frees a request's blocks when the decode side aborts it, and never times out"
+            }
+            Injection::PdHandles => "KV transfer handles are never released",
             Injection::UntrackedHeap => {
                 "finished requests' output tokens are appended to a history no registry counts (heap only)"
             }

@@ -86,6 +86,8 @@ pub struct RequestOutput {
     pub cached_prompt_tokens: u32,
     /// A reason when `finish` is Error.
     pub error: Option<String>,
+    /// Prefill side of a disaggregated pair: where the decode side pulls this request's KV.
+    pub transfer: Option<crate::pd::TransferParams>,
 }
 
 impl RequestOutput {

@@ -48,6 +48,10 @@ pub trait Backend: Send {
     fn release_weights(&mut self);
     /// Computes the batch; returns one logits row per chunk with `want_logits`, in order.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>>;
+    /// The K and V of `blocks`, layer by layer (for each layer: K of every block, then V).
+    fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>>;
+    /// Writes what `read_kv` returned (from another engine of the same shape) into `blocks`.
+    fn write_kv(&mut self, blocks: &[BlockId], data: &[f32]) -> Result<()>;
     /// Runs the vision encoder on one image: `num_tokens` rows of the hidden size.
     fn encode_image(&mut self, pixels: &crate::multimodal::image::PixelTensor) -> Result<Vec<f32>>;
     fn memory(&self) -> BackendMemory;

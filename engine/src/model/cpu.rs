@@ -164,6 +164,48 @@ impl Backend for CpuBackend {
         self.weights = None;
     }
 
+    fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>> {
+        let kv = self.kv.as_ref().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let per_block = kv.block_size * self.config.kv_dim();
+        let total = kv.k[0].len() / per_block;
+        if let Some(b) = blocks.iter().find(|&&b| b as usize >= total) {
+            return Err(EngineError::Backend(format!("block {b} is out of range (pool has {total})")));
+        }
+        let mut out = Vec::with_capacity(blocks.len() * per_block * 2 * kv.k.len());
+        for (k, v) in kv.k.iter().zip(&kv.v) {
+            for t in [k, v] {
+                for &b in blocks {
+                    out.extend_from_slice(&t[b as usize * per_block..(b as usize + 1) * per_block]);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn write_kv(&mut self, blocks: &[BlockId], data: &[f32]) -> Result<()> {
+        let layers = self.config.num_hidden_layers;
+        let kv = self.kv.as_mut().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let per_block = kv.block_size * self.config.kv_dim();
+        let total = kv.k[0].len() / per_block;
+        if let Some(b) = blocks.iter().find(|&&b| b as usize >= total) {
+            return Err(EngineError::Backend(format!("block {b} is out of range (pool has {total})")));
+        }
+        let want = blocks.len() * per_block * 2 * layers;
+        if data.len() != want {
+            return Err(EngineError::Backend(format!("KV data has {} floats, {want} expected", data.len())));
+        }
+        let mut chunks = data.chunks_exact(per_block);
+        for l in 0..layers {
+            for t in [&mut kv.k[l], &mut kv.v[l]] {
+                for &b in blocks {
+                    let c = chunks.next().expect("length checked");
+                    t[b as usize * per_block..(b as usize + 1) * per_block].copy_from_slice(c);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn encode_image(&mut self, pixels: &crate::multimodal::image::PixelTensor) -> Result<Vec<f32>> {
         let w = self.weights.as_ref().ok_or_else(|| EngineError::Backend("weights are released".into()))?;
         if self.config.vision.is_none() {
