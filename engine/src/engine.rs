@@ -282,6 +282,14 @@ impl Engine {
         })
     }
 
+    /// Makes this engine one side of a prefill/decode pair (before any request is added).
+    pub fn set_role(&mut self, role: crate::pd::Role, engine_id: u32, kv_transfer_timeout_ms: u64) {
+        assert_eq!(self.counters.requests_added, 0, "role set after requests were added");
+        self.config.role = role;
+        self.config.engine_id = engine_id;
+        self.config.kv_transfer_timeout_ms = kv_transfer_timeout_ms;
+    }
+
     pub fn model_config(&self) -> &ModelConfig {
         &self.model
     }

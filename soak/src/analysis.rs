@@ -1,7 +1,6 @@
 //! The shell around the detector: read a samples file, judge it, add what the run directory
 //! knows beyond the samples (the anonymous-mapping snapshots), and write verdict.json and plots.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use plateau_reports::{Samples, SamplesError, Status, Verdict};
@@ -10,39 +9,55 @@ use serde::{Deserialize, Serialize};
 use crate::detector::{analyze, DetectorConfig};
 use crate::probes::AnonMapping;
 
-/// Anonymous mappings at the first quiescent point after warm-up and at the end of the run.
+/// Anonymous mappings at the first quiescent point after warm-up and at the end of the run: a
+/// pmap-style diff says which mapping grew.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct MappingSnapshots {
     pub start_iter: u64,
     pub end_iter: u64,
-    /// name -> (count, bytes)
-    pub start: BTreeMap<String, (u64, u64)>,
-    pub end: BTreeMap<String, (u64, u64)>,
+    pub start: Vec<AnonMapping>,
+    pub end: Vec<AnonMapping>,
+}
+
+/// One address range that grew between the snapshots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrownRange {
+    pub name: String,
+    pub perms: String,
+    pub start: u64,
+    pub end: u64,
+    /// Bytes of the range that were not mapped at the first snapshot.
+    pub grown_bytes: u64,
 }
 
 impl MappingSnapshots {
-    pub fn group(maps: &[AnonMapping]) -> BTreeMap<String, (u64, u64)> {
-        let mut g = BTreeMap::new();
-        for m in maps {
-            let e = g.entry(m.name.clone()).or_insert((0, 0));
-            e.0 += 1;
-            e.1 += m.bytes;
-        }
-        g
-    }
-
-    /// Mappings that grew, largest growth first: (name, +count, +bytes).
-    pub fn grown(&self) -> Vec<(String, i64, i64)> {
-        let mut v: Vec<(String, i64, i64)> = self
+    /// Ranges mapped at the end that were not (wholly) mapped at the start, largest growth first.
+    /// Adjacent anonymous mappings with the same permissions are merged by the kernel, so a leak
+    /// of many mappings can show as one range that grew.
+    pub fn grown(&self) -> Vec<GrownRange> {
+        let mut v: Vec<GrownRange> = self
             .end
             .iter()
-            .map(|(name, &(c, b))| {
-                let (c0, b0) = self.start.get(name).copied().unwrap_or((0, 0));
-                (name.clone(), c as i64 - c0 as i64, b as i64 - b0 as i64)
+            .map(|e| {
+                let (e0, e1) = (e.start, e.start + e.bytes);
+                let overlap: u64 = self
+                    .start
+                    .iter()
+                    .map(|s| (s.start.max(e0), (s.start + s.bytes).min(e1)))
+                    .filter(|(a, b)| a < b)
+                    .map(|(a, b)| b - a)
+                    .sum();
+                GrownRange {
+                    name: e.name.clone(),
+                    perms: e.perms.clone(),
+                    start: e0,
+                    end: e1,
+                    grown_bytes: e.bytes - overlap.min(e.bytes),
+                }
             })
-            .filter(|g| g.2 > 0)
+            .filter(|g| g.grown_bytes > 0)
             .collect();
-        v.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)));
+        v.sort_by(|a, b| b.grown_bytes.cmp(&a.grown_bytes).then(a.start.cmp(&b.start)));
         v
     }
 }
@@ -61,16 +76,20 @@ pub fn judge_file(
     if let Some(snap) = std::fs::read(&snap_path).ok().and_then(|b| serde_json::from_slice::<MappingSnapshots>(&b).ok())
     {
         let grown = snap.grown();
-        if let Some((name, dc, db)) = grown.first() {
+        if let Some(g) = grown.first() {
             let outside = v.metrics.iter().any(|m| {
                 m.status == Status::Fail && m.location.as_deref().is_some_and(|l| l.starts_with("outside the heap"))
             });
             if outside {
+                let total: u64 = grown.iter().map(|g| g.grown_bytes).sum();
+                let name = format!("{} {} mapping {:#x}-{:#x}", g.name, g.perms, g.start, g.end);
                 let line = format!(
-                    "mapping: {name} grew by {dc} mappings and {:.1} MiB between iterations {} and {}",
-                    *db as f64 / 1024.0 / 1024.0,
+                    "mapping: the {name} grew by {:.1} MiB between iterations {} and {} ({} ranges grew, {:.1} MiB in all)",
+                    g.grown_bytes as f64 / 1024.0 / 1024.0,
                     snap.start_iter,
-                    snap.end_iter
+                    snap.end_iter,
+                    grown.len(),
+                    total as f64 / 1024.0 / 1024.0
                 );
                 for m in v.metrics.iter_mut().filter(|m| m.status == Status::Fail) {
                     if let Some(l) = &mut m.location {

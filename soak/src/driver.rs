@@ -15,13 +15,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plateau_engine::{AbortOutcome, Engine, EngineConfig, Injections, RequestStage, WeightSource};
+use plateau_engine::{AbortOutcome, Engine, EngineConfig, Injections, RequestStage, Role, WeightSource};
 use plateau_reports::{Header, SampleLine, Verdict, SAMPLES_SCHEMA};
 
 use crate::analysis::{judge_file, write_outputs, MappingSnapshots};
 use crate::detector::DetectorConfig;
+use crate::pd::pair::{PdOptions, PdPair};
 use crate::probes::{sample_engine, spec_of, ProcessProbes};
-use crate::scenario::{parse_duration_secs, Abort, Phase, Scenario, Stage};
+use crate::scenario::{parse_duration_secs, Abort, PdMode, Phase, Scenario, Stage};
+use crate::system::System;
 use crate::workload::{rng_for, Workload};
 
 /// Engine steps one phase may take before the run is declared stuck.
@@ -120,13 +122,46 @@ pub fn build_engine(s: &Scenario, backend: &str, injections: Injections, seed: u
         encoder_cache_tokens: e.encoder_cache_tokens,
         encoder_cache_entries: e.encoder_cache_entries,
         max_encoder_tokens_per_step: e.max_encoder_tokens_per_step,
+        ..EngineConfig::default()
     };
     Engine::new(config).map_err(|err| RunError::Input(format!("engine: {err}")))
 }
 
+/// Builds what the scenario runs against: one engine, or a prefill/decode pair (`[pd]`).
+pub fn build_system(
+    s: &Scenario,
+    backend: &str,
+    injections: Injections,
+    seed: u64,
+) -> Result<Box<dyn System>, RunError> {
+    let Some(pd) = &s.pd else { return Ok(Box::new(build_engine(s, backend, injections, seed)?)) };
+    if pd.mode == PdMode::Processes {
+        return Err(RunError::Input(
+            "pd.mode = \"processes\" (a TCP transport between processes) is not implemented yet; use \"in-process\""
+                .into(),
+        ));
+    }
+    let leak_on_remap = injections.on(plateau_engine::Injection::PdMmapHook);
+    let role = |role, id| -> Result<Engine, RunError> {
+        let mut e = build_engine(s, backend, injections.clone(), seed)?;
+        e.set_role(role, id, pd.kv_transfer_timeout_ms);
+        Ok(e)
+    };
+    let prefill = role(Role::Prefill, 1)?;
+    let decode = role(Role::Decode, 2)?;
+    let options = PdOptions {
+        regions: pd.regions,
+        bytes_per_step: pd.transfer_bytes_per_step,
+        decode_failure_fraction: pd.decode_failure_fraction,
+        leak_on_remap,
+        seed,
+    };
+    Ok(Box::new(PdPair::new(prefill, decode, options)))
+}
+
 struct Driver<'a> {
     scenario: &'a Scenario,
-    engine: Engine,
+    engine: Box<dyn System>,
     workload: Workload,
     probes: ProcessProbes,
     out: BufWriter<File>,
@@ -183,6 +218,8 @@ impl Driver<'_> {
                 };
                 let hit = match stage {
                     Stage::Waiting => now == RequestStage::Waiting,
+                    Stage::AwaitingKv => now == RequestStage::AwaitingKv,
+                    Stage::PullingKv => now == RequestStage::PullingKv,
                     Stage::Encode => matches!(now, RequestStage::Encoding | RequestStage::Encoded),
                     Stage::Prefill => now == RequestStage::Prefill,
                     Stage::Decode => now == RequestStage::Decode,
@@ -201,7 +238,8 @@ impl Driver<'_> {
                 self.aborts.missed += targets.len() as u64;
                 return Ok(());
             }
-            self.engine.step().map_err(|e| self.engine_err("step", e))?;
+            let now_ms = self.start.elapsed().as_millis() as u64;
+            self.engine.step(now_ms).map_err(|e| self.engine_err("step", e))?;
             if self.interval.is_some_and(|i| self.last_sample.elapsed() >= i) {
                 self.sample(false)?;
             }
@@ -210,6 +248,19 @@ impl Driver<'_> {
             "iteration {}: the engine did not drain within {MAX_STEPS_PER_PHASE} steps",
             self.iter + 1
         )))
+    }
+
+    /// Waits, stepping, for work that ends by itself (KV held until its transfer timeout), at most
+    /// twice its longest time plus 100 ms: what is still there then is left for the sample to see.
+    fn settle(&mut self) -> Result<(), RunError> {
+        let limit = Duration::from_millis(2 * self.engine.settle_ms() + 100);
+        let t0 = Instant::now();
+        while self.engine.unsettled() > 0 && t0.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(1));
+            let now_ms = self.start.elapsed().as_millis() as u64;
+            self.engine.step(now_ms).map_err(|e| self.engine_err("step", e))?;
+        }
+        Ok(())
     }
 
     fn targets(&self, ids: &[u64], abort: &Option<Abort>, phase: usize) -> Vec<(u64, Stage, u64)> {
@@ -300,7 +351,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     let limit = if duration.is_some() && opts.iterations.is_none() { MAX_ITERATIONS } else { iterations };
     let seed = opts.seed.unwrap_or(scenario.soak.seed);
     let backend = opts.backend.clone().unwrap_or_else(|| scenario.engine.backend.clone());
-    let engine = build_engine(scenario, &backend, opts.injections.clone(), seed)?;
+    let engine = build_system(scenario, &backend, opts.injections.clone(), seed)?;
     std::fs::create_dir_all(&opts.out_dir)
         .map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
     let samples_path = opts.out_dir.join("samples.jsonl");
@@ -367,11 +418,12 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
             }
         }
         d.drive(Vec::new())?;
+        d.settle()?;
         d.iter = iter;
         d.sample(true)?;
         if iter == warmup.max(1) {
             snapshots.start_iter = iter;
-            snapshots.start = MappingSnapshots::group(&d.probes.anon_mappings());
+            snapshots.start = d.probes.anon_mappings();
         }
         let status = match &d.accounting {
             None => "accounting ok".to_string(),
@@ -398,7 +450,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         pb.finish_and_clear();
     }
     snapshots.end_iter = d.iter;
-    snapshots.end = MappingSnapshots::group(&d.probes.anon_mappings());
+    snapshots.end = d.probes.anon_mappings();
     d.out.flush().map_err(|e| d.io_err(e))?;
     let wall_secs = d.start.elapsed().as_secs_f64();
     let (iterations_done, aborts) = (d.iter, d.aborts);

@@ -26,9 +26,11 @@ pub const PROC: [(&str, &str); 9] = [
 
 /// One anonymous mapping as the kernel lists it: its name (`[anon:NAME]` when the owner named it,
 /// else `anonymous`), and its size.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AnonMapping {
     pub name: String,
+    pub perms: String,
+    pub start: u64,
     pub bytes: u64,
 }
 
@@ -182,10 +184,15 @@ fn anon_mappings(p: &Process) -> procfs::ProcResult<Vec<AnonMapping>> {
         .filter_map(|m| {
             let name = match &m.pathname {
                 MMapPath::Anonymous => "anonymous".to_string(),
-                MMapPath::Other(o) if o.starts_with("anon:") => o.clone(),
+                MMapPath::Other(o) if o.starts_with("anon:") => format!("[{o}]"),
                 _ => return None,
             };
-            Some(AnonMapping { name, bytes: m.address.1 - m.address.0 })
+            Some(AnonMapping {
+                name,
+                perms: m.perms.as_str().to_string(),
+                start: m.address.0,
+                bytes: m.address.1 - m.address.0,
+            })
         })
         .collect())
 }

@@ -9,7 +9,8 @@ use serde::Deserialize;
 
 /// The scenarios shipped with plateau, embedded so that `plateau run NAME` and `plateau selftest`
 /// work from any directory.
-pub const SHIPPED: [(&str, &str); 6] = [
+pub const SHIPPED: [(&str, &str); 7] = [
+    ("pd-transfer", include_str!("../../scenarios/pd-transfer.toml")),
     ("multimodal-repeat", include_str!("../../scenarios/multimodal-repeat.toml")),
     ("n-sampling", include_str!("../../scenarios/n-sampling.toml")),
     ("aborts", include_str!("../../scenarios/aborts.toml")),
@@ -27,6 +28,8 @@ pub struct Scenario {
     pub engine: EngineSection,
     #[serde(default)]
     pub soak: SoakSection,
+    /// Prefill/decode disaggregation: when present, requests go through a prefill/decode pair.
+    pub pd: Option<PdSection>,
     #[serde(rename = "phase")]
     pub phases: Vec<Phase>,
 }
@@ -99,6 +102,41 @@ impl Default for SoakSection {
     fn default() -> Self {
         SoakSection { iterations: 200, duration: None, warmup_iterations: 20, sample_interval_ms: 1000, seed: 0 }
     }
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PdSection {
+    pub mode: PdMode,
+    /// How long the prefill side holds KV for a decode side that never pulls it.
+    pub kv_transfer_timeout_ms: u64,
+    /// Transport bandwidth: bytes moved per step.
+    pub transfer_bytes_per_step: usize,
+    /// Registration cache size, in regions.
+    pub regions: usize,
+    /// Fraction of forwards lost to a dead decode node (the prefill side must time out).
+    pub decode_failure_fraction: f64,
+}
+
+impl Default for PdSection {
+    fn default() -> Self {
+        PdSection {
+            mode: PdMode::InProcess,
+            kv_transfer_timeout_ms: 100,
+            transfer_bytes_per_step: 128 * 1024,
+            regions: 8,
+            decode_failure_fraction: 0.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PdMode {
+    /// Both engines in this process, the in-process transport between them.
+    InProcess,
+    /// A process per role, a TCP transport between them.
+    Processes,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -199,6 +237,10 @@ pub enum Stage {
     Waiting,
     /// Its images partly or wholly encoded, its prompt not yet started.
     Encode,
+    /// Decode side of a P/D pair: before its KV pull starts.
+    AwaitingKv,
+    /// Decode side of a P/D pair: while its KV is being pulled.
+    PullingKv,
     /// After part of its prompt is computed, before its first token.
     Prefill,
     /// After it has produced tokens.
@@ -343,6 +385,24 @@ impl Scenario {
         }
         if !(e.min_pixels >= 1 && e.min_pixels <= e.max_pixels && e.max_pixels <= e.hard_max_pixels) {
             return fail(eng("max_pixels"), "need 1 <= min_pixels <= max_pixels <= hard_max_pixels".into());
+        }
+        if let Some(pd) = &self.pd {
+            let at = |key| Place { section: Some(("pd", 0)), key };
+            if !(0.0..1.0).contains(&pd.decode_failure_fraction) {
+                return fail(
+                    at("decode_failure_fraction"),
+                    format!("{} is outside [0, 1)", pd.decode_failure_fraction),
+                );
+            }
+            if pd.regions == 0 || pd.transfer_bytes_per_step == 0 || pd.kv_transfer_timeout_ms == 0 {
+                return fail(
+                    at("regions"),
+                    "regions, transfer_bytes_per_step and kv_transfer_timeout_ms must be positive".into(),
+                );
+            }
+            if self.phases.iter().any(|p| matches!(p, Phase::Batch(b) if b.n != 1 || !b.images.is_empty())) {
+                return fail(at("mode"), "disaggregated scenarios take n = 1 and no images in every batch".into());
+            }
         }
         if self.soak.iterations == 0 {
             return fail(soak("iterations"), "must be at least 1".into());

@@ -18,13 +18,14 @@ pub struct Case {
     pub expect_metric: Option<&'static str>,
 }
 
-pub const CASES: [Case; 13] = [
+pub const CASES: [Case; 17] = [
     Case { scenario: "n-sampling", inject: None, quick_iterations: 60, expect_metric: None },
     Case { scenario: "aborts", inject: None, quick_iterations: 60, expect_metric: None },
     Case { scenario: "rl-rollout", inject: None, quick_iterations: 60, expect_metric: None },
     Case { scenario: "prefill-only", inject: None, quick_iterations: 60, expect_metric: None },
     Case { scenario: "mixed", inject: None, quick_iterations: 60, expect_metric: None },
     Case { scenario: "multimodal-repeat", inject: None, quick_iterations: 60, expect_metric: None },
+    Case { scenario: "pd-transfer", inject: None, quick_iterations: 60, expect_metric: None },
     Case {
         scenario: "n-sampling",
         inject: Some("registry-retains-finished"),
@@ -67,7 +68,34 @@ pub const CASES: [Case; 13] = [
         quick_iterations: 30,
         expect_metric: Some("registry.encoder_cache.refs"),
     },
+    Case {
+        scenario: "pd-transfer",
+        inject: Some("pd-mmap-hook"),
+        quick_iterations: 60,
+        expect_metric: Some("proc.anon_outside_heap"),
+    },
+    Case {
+        scenario: "pd-transfer",
+        inject: Some("pd-prefill-hold"),
+        quick_iterations: 30,
+        expect_metric: Some("prefill.registry.pd.held"),
+    },
+    Case {
+        scenario: "pd-transfer",
+        inject: Some("pd-handles"),
+        quick_iterations: 30,
+        expect_metric: Some("prefill.registry.pd.handles"),
+    },
 ];
+
+/// What the verdict's attribution must say for an injection, beyond naming the metric.
+fn expected_attribution(inject: &str) -> &'static [&'static str] {
+    match inject {
+        "pd-mmap-hook" => &["outside the heap", "mapping:"],
+        "untracked-heap" => &["heap:"],
+        _ => &["registry:"],
+    }
+}
 
 /// Runs every case; prints one line each and a closing `selftest: N passed, M failed` line.
 /// Returns the number of failed cases, or an error if the harness itself could not run.
@@ -95,8 +123,12 @@ pub fn run(quick: bool, exe: &Path, out_root: &Path) -> Result<usize, String> {
             let err = String::from_utf8_lossy(&output.stderr);
             Some(format!("exit {code}, want {want}: {}", err.lines().last().unwrap_or("")))
         } else if let Some(metric) = c.expect_metric {
+            let attribution = verdict.as_ref().map(|v| v.attribution.join("\n")).unwrap_or_default();
+            let missing = expected_attribution(c.inject.unwrap_or("")).iter().find(|w| !attribution.contains(*w));
             match verdict.as_ref().and_then(|v| v.metrics.iter().find(|m| m.name == metric)) {
-                Some(m) if m.status == Status::Fail => None,
+                Some(m) if m.status == Status::Fail => {
+                    missing.map(|w| format!("the verdict's attribution does not say `{w}`"))
+                }
                 _ => Some(format!("{metric} not named as failing in verdict.json")),
             }
         } else {

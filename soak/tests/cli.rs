@@ -69,6 +69,30 @@ fn registry_leak_fails_run_and_analyze() {
 }
 
 #[test]
+fn pd_mmap_hook_is_reported_outside_the_heap_with_its_mapping() {
+    let d = tmp("pd-mmap");
+    let o = plateau(&[
+        "run",
+        "pd-transfer",
+        "--iterations",
+        "60",
+        "--inject",
+        "pd-mmap-hook",
+        "--out",
+        d.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v = verdict(&d);
+    let attribution: Vec<String> =
+        v["attribution"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+    assert!(attribution.iter().any(|a| a.starts_with("outside the heap")), "{attribution:?}");
+    assert!(attribution.iter().any(|a| a.starts_with("mapping:")), "{attribution:?}");
+    let heap = v["metrics"].as_array().unwrap().iter().find(|m| m["name"] == "jemalloc.allocated").unwrap();
+    assert_eq!(heap["status"], "pass", "the heap stays flat");
+}
+
+#[test]
 fn usage_and_scenario_errors_exit_2_with_a_clear_message() {
     let d = tmp("typo");
     let text = std::fs::read_to_string(scenario("n-sampling")).unwrap().replace("max_tokens", "max_tokenz");

@@ -1,0 +1,6 @@
+//! Prefill/decode disaggregation in the shell: registered transfer regions, the in-process
+//! transport, and the pair of engines with their router.
+
+pub mod pair;
+pub mod region;
+pub mod transport;

@@ -1,0 +1,79 @@
+//! What the driver runs a scenario against: one engine, or a prefill/decode pair with its router
+//! and transport. Both answer the same calls, so phases, aborts and sampling are written once.
+
+use plateau_engine::{
+    AbortOutcome, Engine, EngineConfig, EngineError, IdleViolation, Metric, ModelConfig, Request, RequestStage,
+    WeightSource,
+};
+
+pub trait System {
+    fn add_request(&mut self, r: Request) -> Result<(), EngineError>;
+    /// One step of everything; `now_ms` is the shell's clock.
+    fn step(&mut self, now_ms: u64) -> Result<(), EngineError>;
+    fn stage(&self, id: u64) -> Option<RequestStage>;
+    fn abort(&mut self, id: u64) -> AbortOutcome;
+    /// Requests in flight from the client's point of view.
+    fn has_unfinished(&self) -> bool;
+    /// Work that outlives the client's requests by design and must end by itself (KV held for a
+    /// transfer until its timeout). Zero when settled.
+    fn unsettled(&self) -> usize;
+    /// The longest such work may take, in ms.
+    fn settle_ms(&self) -> u64;
+    fn stats(&self) -> Vec<Metric>;
+    fn check_idle(&self) -> Result<(), Vec<IdleViolation>>;
+    fn sleep(&mut self, level: u8) -> Result<(), EngineError>;
+    fn wake(&mut self) -> Result<(), EngineError>;
+    fn update_weights(&mut self, source: WeightSource) -> Result<(), EngineError>;
+    fn model_config(&self) -> &ModelConfig;
+    fn config(&self) -> &EngineConfig;
+    fn backend_name(&self) -> &'static str;
+}
+
+impl System for Engine {
+    fn add_request(&mut self, r: Request) -> Result<(), EngineError> {
+        Engine::add_request(self, r)
+    }
+    fn step(&mut self, now_ms: u64) -> Result<(), EngineError> {
+        self.advance_time(now_ms);
+        Engine::step(self).map(|_| ())
+    }
+    fn stage(&self, id: u64) -> Option<RequestStage> {
+        Engine::stage(self, id)
+    }
+    fn abort(&mut self, id: u64) -> AbortOutcome {
+        Engine::abort(self, id)
+    }
+    fn has_unfinished(&self) -> bool {
+        Engine::has_unfinished(self)
+    }
+    fn unsettled(&self) -> usize {
+        0
+    }
+    fn settle_ms(&self) -> u64 {
+        0
+    }
+    fn stats(&self) -> Vec<Metric> {
+        Engine::stats(self)
+    }
+    fn check_idle(&self) -> Result<(), Vec<IdleViolation>> {
+        Engine::check_idle(self)
+    }
+    fn sleep(&mut self, level: u8) -> Result<(), EngineError> {
+        Engine::sleep(self, level)
+    }
+    fn wake(&mut self) -> Result<(), EngineError> {
+        Engine::wake(self)
+    }
+    fn update_weights(&mut self, source: WeightSource) -> Result<(), EngineError> {
+        Engine::update_weights(self, source)
+    }
+    fn model_config(&self) -> &ModelConfig {
+        Engine::model_config(self)
+    }
+    fn config(&self) -> &EngineConfig {
+        Engine::config(self)
+    }
+    fn backend_name(&self) -> &'static str {
+        Engine::backend_name(self)
+    }
+}
