@@ -92,7 +92,7 @@ pub(crate) struct ImageItem {
 }
 
 /// Where a request in flight is in its life (its furthest-along live sequence decides).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum RequestStage {
     /// Never scheduled yet.
     Waiting,

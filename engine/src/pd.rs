@@ -15,7 +15,7 @@
 //!    timeout expires (the decode side may have died): `advance_time` is how the shell tells the
 //!    core what time it is; the core owns no clock.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::block_pool::BlockId;
 use crate::engine::{Engine, ReqState};
@@ -25,7 +25,7 @@ use crate::kv_manager::SeqId;
 use crate::request::{FinishReason, Request, RequestId};
 
 /// What an engine does in a deployment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     #[default]
@@ -35,7 +35,7 @@ pub enum Role {
 }
 
 /// What the decode side needs to pull a request's KV from the prefill side.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransferParams {
     pub engine_id: u32,
     pub request_id: RequestId,
@@ -59,7 +59,7 @@ pub struct PullOrder {
 }
 
 /// A message from the decode side to the prefill side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Notice {
     /// The KV arrived: the prefill side may free it.
     Pulled { engine_id: u32, request: RequestId, handle: u64 },

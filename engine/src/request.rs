@@ -68,14 +68,14 @@ pub enum FinishReason {
     Error,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeqOutput {
     pub index: u32,
     pub tokens: Vec<u32>,
     pub finish: FinishReason,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestOutput {
     pub id: RequestId,
     pub prompt_tokens: u32,

@@ -61,6 +61,10 @@ pub struct RunOptions {
     pub sample_interval_ms: Option<u64>,
     pub progress: Progress,
     pub interrupt: Arc<AtomicBool>,
+    /// The scenario as given (a path or a shipped name): child processes load it again.
+    pub scenario_source: String,
+    /// Run a `[pd]` scenario with a process per role (TCP between them).
+    pub pd_processes: bool,
 }
 
 /// Why a run could not produce a verdict: bad input (exit 2) or the engine/harness failed (exit 3).
@@ -91,6 +95,12 @@ pub struct AbortCounts {
 
 /// Builds the engine a scenario describes.
 pub fn build_engine(s: &Scenario, backend: &str, injections: Injections, seed: u64) -> Result<Engine, RunError> {
+    let config = engine_config(s, backend, injections, seed)?;
+    Engine::new(config).map_err(|err| RunError::Input(format!("engine: {err}")))
+}
+
+/// The engine configuration a scenario describes, on a backend this build has.
+pub fn engine_config(s: &Scenario, backend: &str, injections: Injections, seed: u64) -> Result<EngineConfig, RunError> {
     match backend {
         "cpu" | "auto" => {}
         "cuda" => return Err(RunError::Input(
@@ -124,22 +134,29 @@ pub fn build_engine(s: &Scenario, backend: &str, injections: Injections, seed: u
         max_encoder_tokens_per_step: e.max_encoder_tokens_per_step,
         ..EngineConfig::default()
     };
-    Engine::new(config).map_err(|err| RunError::Input(format!("engine: {err}")))
+    Ok(config)
 }
 
 /// Builds what the scenario runs against: one engine, or a prefill/decode pair (`[pd]`).
 pub fn build_system(
     s: &Scenario,
+    source: &str,
     backend: &str,
     injections: Injections,
     seed: u64,
 ) -> Result<Box<dyn System>, RunError> {
     let Some(pd) = &s.pd else { return Ok(Box::new(build_engine(s, backend, injections, seed)?)) };
     if pd.mode == PdMode::Processes {
-        return Err(RunError::Input(
-            "pd.mode = \"processes\" (a TCP transport between processes) is not implemented yet; use \"in-process\""
-                .into(),
-        ));
+        let mut config = engine_config(s, backend, injections.clone(), seed)?;
+        config.kv_transfer_timeout_ms = pd.kv_transfer_timeout_ms;
+        let spec = crate::pd::remote::NodeSpec {
+            scenario: source.to_string(),
+            seed,
+            injections: injections.iter().map(|i| i.name().to_string()).collect(),
+        };
+        let pair = crate::pd::remote::RemotePair::start(spec, config, pd.decode_failure_fraction)
+            .map_err(|e| RunError::Harness(format!("P/D nodes: {e}")))?;
+        return Ok(Box::new(pair));
     }
     let leak_on_remap = injections.on(plateau_engine::Injection::PdMmapHook);
     let role = |role, id| -> Result<Engine, RunError> {
@@ -351,7 +368,18 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     let limit = if duration.is_some() && opts.iterations.is_none() { MAX_ITERATIONS } else { iterations };
     let seed = opts.seed.unwrap_or(scenario.soak.seed);
     let backend = opts.backend.clone().unwrap_or_else(|| scenario.engine.backend.clone());
-    let engine = build_system(scenario, &backend, opts.injections.clone(), seed)?;
+    let mut scenario_owned;
+    let scenario = if opts.pd_processes {
+        scenario_owned = scenario.clone();
+        match scenario_owned.pd.as_mut() {
+            Some(pd) => pd.mode = PdMode::Processes,
+            None => return Err(RunError::Input("--pd-processes needs a scenario with a [pd] section".into())),
+        }
+        &scenario_owned
+    } else {
+        scenario
+    };
+    let engine = build_system(scenario, &opts.scenario_source, &backend, opts.injections.clone(), seed)?;
     std::fs::create_dir_all(&opts.out_dir)
         .map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
     let samples_path = opts.out_dir.join("samples.jsonl");
@@ -423,7 +451,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         d.sample(true)?;
         if iter == warmup.max(1) {
             snapshots.start_iter = iter;
-            snapshots.start = d.probes.anon_mappings();
+            snapshots.start = d.engine.anon_mappings().unwrap_or_else(|| d.probes.anon_mappings());
         }
         let status = match &d.accounting {
             None => "accounting ok".to_string(),
@@ -450,7 +478,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         pb.finish_and_clear();
     }
     snapshots.end_iter = d.iter;
-    snapshots.end = d.probes.anon_mappings();
+    snapshots.end = d.engine.anon_mappings().unwrap_or_else(|| d.probes.anon_mappings());
     d.out.flush().map_err(|e| d.io_err(e))?;
     let wall_secs = d.start.elapsed().as_secs_f64();
     let (iterations_done, aborts) = (d.iter, d.aborts);

@@ -62,6 +62,28 @@ enum Cmd {
         /// No progress output.
         #[arg(long)]
         quiet: bool,
+        /// Run a prefill/decode scenario with a process per role, TCP between them.
+        #[arg(long)]
+        pd_processes: bool,
+    },
+    /// Serve one engine of a prefill/decode pair over TCP (started by `run --pd-processes`).
+    Node {
+        /// prefill or decode.
+        #[arg(long)]
+        role: String,
+        /// Address to listen on, such as 127.0.0.1:0 (the bound address is printed first).
+        #[arg(long)]
+        listen: String,
+        /// The scenario whose engine section configures this engine.
+        #[arg(long)]
+        scenario: String,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long = "inject", value_name = "NAME")]
+        inject: Vec<Injection>,
+        /// Decode role: the prefill node's address, to pull KV from.
+        #[arg(long)]
+        peer: Option<String>,
     },
     /// Run the detector alone on a samples.jsonl file (from plateau or anything writing v1).
     Analyze {
@@ -105,7 +127,19 @@ fn main() -> ExitCode {
 
 fn dispatch(cli: Cli) -> u8 {
     match cli.command {
-        Cmd::Run { scenario, backend, seed, iterations, duration, inject, out, sample_interval_ms, quiet } => {
+        Cmd::Node { role, listen, scenario, seed, inject, peer } => node(&role, &listen, &scenario, seed, inject, peer),
+        Cmd::Run {
+            scenario,
+            backend,
+            seed,
+            iterations,
+            duration,
+            inject,
+            out,
+            sample_interval_ms,
+            quiet,
+            pd_processes,
+        } => {
             let (s, _) = match Scenario::load(&scenario) {
                 Ok(s) => s,
                 Err(e) => {
@@ -128,6 +162,8 @@ fn dispatch(cli: Cli) -> u8 {
                 sample_interval_ms,
                 progress: if quiet { Progress::Quiet } else { Progress::detect() },
                 interrupt,
+                scenario_source: scenario.clone(),
+                pd_processes,
             };
             match driver::run(&s, &opts) {
                 Ok(r) => {
@@ -227,6 +263,27 @@ fn dispatch(cli: Cli) -> u8 {
             }
         }
         Cmd::Report { run_dir, baseline } => report(&run_dir, baseline.as_deref()),
+    }
+}
+
+fn node(role: &str, listen: &str, scenario: &str, seed: u64, inject: Vec<Injection>, peer: Option<String>) -> u8 {
+    let run = || -> Result<(), (u8, String)> {
+        let role = plateau_soak::pd::node::parse_role(role).map_err(|m| (USAGE, m))?;
+        let (s, _) = Scenario::load(scenario).map_err(|e| (USAGE, e.to_string()))?;
+        let pd = s.pd.clone().ok_or((USAGE, format!("{scenario}: no [pd] section")))?;
+        let injections: Injections = inject.into_iter().collect();
+        let leak = injections.on(Injection::PdMmapHook);
+        let mut engine = driver::build_engine(&s, "cpu", injections, seed).map_err(|e| (USAGE, e.to_string()))?;
+        let id = if role == plateau_engine::Role::Prefill { 1 } else { 2 };
+        engine.set_role(role, id, pd.kv_transfer_timeout_ms);
+        plateau_soak::pd::node::serve(engine, listen, peer, leak, pd.regions).map_err(|m| (HARNESS, m))
+    };
+    match run() {
+        Ok(()) => PASS,
+        Err((code, m)) => {
+            eprintln!("plateau node: {m}");
+            code
+        }
     }
 }
 

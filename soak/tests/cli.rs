@@ -93,6 +93,52 @@ fn pd_mmap_hook_is_reported_outside_the_heap_with_its_mapping() {
 }
 
 #[test]
+fn pd_across_processes_passes_clean_and_catches_the_mmap_hook_in_the_decode_process() {
+    let d = tmp("pd-procs");
+    let o = plateau(&[
+        "run",
+        "pd-transfer",
+        "--pd-processes",
+        "--iterations",
+        "30",
+        "--out",
+        d.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let samples = std::fs::read_to_string(d.join("samples.jsonl")).unwrap();
+    assert!(samples.lines().next().unwrap().contains("decode.proc.anon_outside_heap"), "role-prefixed process metrics");
+    let d = tmp("pd-procs-mmap");
+    let o = plateau(&[
+        "run",
+        "pd-transfer",
+        "--pd-processes",
+        "--iterations",
+        "60",
+        "--inject",
+        "pd-mmap-hook",
+        "--out",
+        d.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v = verdict(&d);
+    let failing: Vec<&str> = v["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["status"] == "fail")
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert!(failing.contains(&"decode.proc.anon_outside_heap"), "{failing:?}");
+    assert!(v["attribution"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a.as_str().unwrap().contains("decode.jemalloc.allocated stays flat")));
+}
+
+#[test]
 fn usage_and_scenario_errors_exit_2_with_a_clear_message() {
     let d = tmp("typo");
     let text = std::fs::read_to_string(scenario("n-sampling")).unwrap().replace("max_tokens", "max_tokenz");

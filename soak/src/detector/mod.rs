@@ -313,8 +313,16 @@ fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -
         })
         .collect();
     let moved: Vec<String> = moved_slopes.iter().map(|(n, sl)| format!("{n} (+{sl:.1}/iteration)")).collect();
+    let failed_heaps: Vec<String> = metrics
+        .iter()
+        .filter(|m| m.status == Status::Fail && m.name.ends_with("jemalloc.allocated"))
+        .map(|m| m.name.clone())
+        .collect();
     for m in metrics.iter_mut().filter(|m| m.status == Status::Fail && m.kind == "gauge") {
         let outside_family = m.name.contains("proc.rss") || m.name.contains("proc.anon");
+        // The heap of the same process (a role prefix such as `decode.` names another process).
+        let process = m.name.split("proc.").next().unwrap_or("");
+        let heap_fail = failed_heaps.contains(&format!("{process}jemalloc.allocated"));
         m.location = Some(if m.name.contains("jemalloc.") {
             "heap (jemalloc)".to_string()
         } else if outside_family && !heap_fail {
@@ -344,13 +352,23 @@ fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -
         let per_entry = if per_entry.is_empty() { String::new() } else { format!(" ({})", per_entry.join(", ")) };
         out.push(format!("heap: jemalloc.allocated grows {}/iteration{per_entry}", fmt_value(heap_slope, "bytes")));
     }
-    if !outside.is_empty() && !heap_fail {
-        let rss = outside.iter().find_map(|m| m.trend.as_ref().map(|t| (m.name.clone(), t.slope_per_iter)));
+    // Outside the heap: growth of a process's anonymous memory while that process's heap is flat.
+    let outside: Vec<&MetricVerdict> = outside
+        .into_iter()
+        .filter(|m| {
+            !failed_heaps.contains(&format!("{}jemalloc.allocated", m.name.split("proc.").next().unwrap_or("")))
+        })
+        .collect();
+    if let Some(first) = outside.first() {
+        let process = first.name.split("proc.").next().unwrap_or("");
+        let heap_name = format!("{process}jemalloc.allocated");
+        let heap = slope(metrics, &heap_name).unwrap_or(0.0);
+        let rate = first.trend.as_ref().map(|t| fmt_value(t.slope_per_iter, "bytes")).unwrap_or_default();
         out.push(format!(
-            "outside the heap: {} grow{} while jemalloc.allocated stays flat ({}/iteration): anonymous mappings made outside the allocator",
+            "outside the heap: {} grow ({} {rate}/iteration) while {heap_name} stays flat ({}/iteration): anonymous mappings made outside the allocator",
             outside.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
-            rss.map(|(n, v)| format!(" ({n} {}/iteration)", fmt_value(v, "bytes"))).unwrap_or_default(),
-            fmt_value(heap_slope, "bytes")
+            first.name,
+            fmt_value(heap, "bytes")
         ));
     }
     if !moved.is_empty() && metrics.iter().any(|m| m.status == Status::Fail && m.kind == "gauge") {

@@ -1,0 +1,305 @@
+//! A prefill/decode pair across processes: the driver is the router; each role is a `plateau
+//! node` child process on loopback, reached over the framed TCP transport. Each node samples its
+//! own process, so metrics carry their role (`decode.proc.anon_outside_heap`).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, BufWriter};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+
+use plateau_engine::tokenizer::EOS;
+use plateau_engine::{
+    AbortOutcome, EngineConfig, EngineError, FinishReason, IdleViolation, Metric, MetricKind, ModelConfig, Notice,
+    Request, RequestStage, WeightSource,
+};
+use rand_chacha::ChaCha8Rng;
+use rand_core::RngCore;
+
+use super::node::{Call, Reply, WireMetric};
+use super::wire::{read_frame, write_frame};
+use crate::probes::AnonMapping;
+use crate::system::System;
+
+struct Client {
+    r: BufReader<TcpStream>,
+    w: BufWriter<TcpStream>,
+    role: &'static str,
+}
+
+impl Client {
+    fn call(&mut self, c: &Call) -> Result<Reply, EngineError> {
+        write_frame(&mut self.w, c, &[]).map_err(|e| EngineError::Backend(format!("{} node: {e}", self.role)))?;
+        let (reply, _): (Reply, Vec<u8>) =
+            read_frame(&mut self.r).map_err(|e| EngineError::Backend(format!("{} node: {e}", self.role)))?;
+        Ok(reply)
+    }
+}
+
+/// Where to find and how to start the nodes.
+pub struct NodeSpec {
+    pub scenario: String,
+    pub seed: u64,
+    pub injections: Vec<String>,
+}
+
+pub struct RemotePair {
+    prefill: RefCell<Client>,
+    decode: RefCell<Client>,
+    children: Vec<Child>,
+    originals: BTreeMap<u64, Request>,
+    failure_fraction: f64,
+    rng: ChaCha8Rng,
+    config: EngineConfig,
+    model: ModelConfig,
+    unfinished: bool,
+}
+
+fn spawn(role: &'static str, spec: &NodeSpec, peer: Option<&str>) -> Result<(Child, Client), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "node",
+        "--role",
+        role,
+        "--listen",
+        "127.0.0.1:0",
+        "--scenario",
+        &spec.scenario,
+        "--seed",
+        &spec.seed.to_string(),
+    ]);
+    for i in &spec.injections {
+        cmd.args(["--inject", i]);
+    }
+    if let Some(p) = peer {
+        cmd.args(["--peer", p]);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting the {role} node: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).map_err(|e| e.to_string())?;
+    let addr = line
+        .trim()
+        .strip_prefix("listening ")
+        .ok_or_else(|| format!("the {role} node did not start: `{}`", line.trim()))?;
+    let s = TcpStream::connect(addr).map_err(|e| format!("connecting to the {role} node at {addr}: {e}"))?;
+    s.set_nodelay(true).ok();
+    let w = BufWriter::new(s.try_clone().map_err(|e| e.to_string())?);
+    Ok((child, Client { r: BufReader::new(s), w, role }))
+}
+
+fn to_metric(m: WireMetric, role: &str) -> Metric {
+    let kind = match (m.kind.as_str(), m.capacity) {
+        ("bounded", Some(c)) => MetricKind::Bounded { capacity: c },
+        ("per_request", _) => MetricKind::PerRequest,
+        ("counter", _) => MetricKind::Counter,
+        _ => MetricKind::Gauge,
+    };
+    let unit = if m.unit == "bytes" { "bytes" } else { "count" };
+    Metric { name: format!("{role}.{}", m.name), kind, unit, value: m.value.max(0.0) as u64 }
+}
+
+impl RemotePair {
+    pub fn start(spec: NodeSpec, config: EngineConfig, failure_fraction: f64) -> Result<Self, String> {
+        let model = config.model.config().map_err(|e| e.to_string())?;
+        let (p_child, prefill) = spawn("prefill", &spec, None)?;
+        let peer = prefill.r.get_ref().peer_addr().map_err(|e| e.to_string())?.to_string();
+        let (d_child, decode) = spawn("decode", &spec, Some(&peer))?;
+        Ok(RemotePair {
+            prefill: RefCell::new(prefill),
+            decode: RefCell::new(decode),
+            children: vec![p_child, d_child],
+            originals: BTreeMap::new(),
+            failure_fraction,
+            rng: crate::workload::rng_for(&[spec.seed, 0xdead]),
+            config,
+            model,
+            unfinished: false,
+        })
+    }
+
+    fn expect_done(r: Reply) -> Result<(), EngineError> {
+        match r {
+            Reply::Done => Ok(()),
+            Reply::Failed(m) => Err(EngineError::Backend(m)),
+            other => Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
+        }
+    }
+}
+
+impl Drop for RemotePair {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl System for RemotePair {
+    fn add_request(&mut self, r: Request) -> Result<(), EngineError> {
+        let mut params = r.params.clone();
+        params.max_tokens = 1;
+        match self.prefill.get_mut().call(&Call::Add { id: r.id, prompt: r.prompt.clone(), params })? {
+            Reply::Done => {
+                self.originals.insert(r.id, r);
+                self.unfinished = true;
+                Ok(())
+            }
+            Reply::Failed(reason) => Err(EngineError::InvalidRequest { id: r.id, reason }),
+            other => Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    fn step(&mut self, now_ms: u64) -> Result<(), EngineError> {
+        let (outputs, p_unfinished) = match self.prefill.get_mut().call(&Call::Step { now_ms })? {
+            Reply::Stepped { outputs, unfinished, .. } => (outputs, unfinished),
+            Reply::Failed(m) => return Err(EngineError::Backend(format!("prefill node: {m}"))),
+            other => return Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
+        };
+        for o in outputs {
+            let Some(orig) = self.originals.remove(&o.id) else { continue };
+            let Some(t) = o.transfer.clone() else { continue };
+            if !matches!(o.finish(), FinishReason::Stopped | FinishReason::Length) {
+                continue;
+            }
+            let p = &orig.params;
+            let done = p.max_tokens == 1
+                || (!p.ignore_eos && t.first_token == EOS)
+                || p.stop_token_ids.contains(&t.first_token);
+            let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+            if done {
+                self.prefill.get_mut().call(&Call::Release { id: o.id, aborted: false })?;
+                continue;
+            }
+            if draw < self.failure_fraction {
+                continue;
+            }
+            let call = Call::AddRemote { id: orig.id, prompt: orig.prompt, params: orig.params, transfer: t };
+            if !matches!(self.decode.get_mut().call(&call)?, Reply::Done) {
+                self.prefill.get_mut().call(&Call::Release { id: o.id, aborted: true })?;
+            }
+        }
+        let (notices, d_unfinished) = match self.decode.get_mut().call(&Call::Step { now_ms })? {
+            Reply::Stepped { notices, unfinished, .. } => (notices, unfinished),
+            Reply::Failed(m) => return Err(EngineError::Backend(format!("decode node: {m}"))),
+            other => return Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
+        };
+        for n in notices {
+            let (id, aborted) = match n {
+                Notice::Pulled { request, .. } => (request, false),
+                Notice::Aborted { request, .. } => (request, true),
+            };
+            self.prefill.get_mut().call(&Call::Release { id, aborted })?;
+        }
+        self.unfinished = p_unfinished || d_unfinished || !self.originals.is_empty();
+        Ok(())
+    }
+
+    fn stage(&self, id: u64) -> Option<RequestStage> {
+        let ask = |c: &RefCell<Client>| match c.borrow_mut().call(&Call::Stage { id }) {
+            Ok(Reply::Stage(s)) => s,
+            _ => None,
+        };
+        ask(&self.decode).or_else(|| ask(&self.prefill))
+    }
+
+    fn abort(&mut self, id: u64) -> AbortOutcome {
+        for c in [&self.decode, &self.prefill] {
+            if let Ok(Reply::Flag(true)) = c.borrow_mut().call(&Call::Abort { id }) {
+                self.originals.remove(&id);
+                return AbortOutcome::Aborted;
+            }
+        }
+        AbortOutcome::Unknown
+    }
+
+    fn has_unfinished(&self) -> bool {
+        self.unfinished
+    }
+
+    fn unsettled(&self) -> usize {
+        match self.prefill.borrow_mut().call(&Call::Held) {
+            Ok(Reply::Count(n)) => n,
+            _ => 0,
+        }
+    }
+
+    fn settle_ms(&self) -> u64 {
+        self.config.kv_transfer_timeout_ms
+    }
+
+    fn stats(&self) -> Vec<Metric> {
+        let mut out = Vec::new();
+        for (role, c) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            if let Ok(Reply::Stats(ms)) = c.borrow_mut().call(&Call::Stats) {
+                out.extend(ms.into_iter().map(|m| to_metric(m, role)));
+            }
+        }
+        out.push(Metric {
+            name: "router.registry.pending".into(),
+            kind: MetricKind::PerRequest,
+            unit: "count",
+            value: self.originals.len() as u64,
+        });
+        out
+    }
+
+    fn check_idle(&self) -> Result<(), Vec<IdleViolation>> {
+        let mut v = Vec::new();
+        for (role, c) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            match c.borrow_mut().call(&Call::CheckIdle) {
+                Ok(Reply::Idle(names)) => v.extend(names.into_iter().map(|n| IdleViolation {
+                    metric: format!("{role}.{n}"),
+                    value: 0,
+                    detail: format!("{role} node: {n} not idle"),
+                })),
+                other => {
+                    v.push(IdleViolation { metric: format!("{role}.node"), value: 0, detail: format!("{other:?}") })
+                }
+            }
+        }
+        if v.is_empty() {
+            Ok(())
+        } else {
+            Err(v)
+        }
+    }
+
+    fn sleep(&mut self, level: u8) -> Result<(), EngineError> {
+        Self::expect_done(self.prefill.get_mut().call(&Call::Sleep { level })?)?;
+        Self::expect_done(self.decode.get_mut().call(&Call::Sleep { level })?)
+    }
+
+    fn wake(&mut self) -> Result<(), EngineError> {
+        Self::expect_done(self.prefill.get_mut().call(&Call::Wake)?)?;
+        Self::expect_done(self.decode.get_mut().call(&Call::Wake)?)
+    }
+
+    fn update_weights(&mut self, _source: WeightSource) -> Result<(), EngineError> {
+        Err(EngineError::Config("weight updates are not carried to plateau nodes".into()))
+    }
+
+    fn model_config(&self) -> &ModelConfig {
+        &self.model
+    }
+
+    fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn anon_mappings(&self) -> Option<Vec<AnonMapping>> {
+        match self.decode.borrow_mut().call(&Call::Mappings) {
+            Ok(Reply::Mappings(m)) => Some(m),
+            _ => None,
+        }
+    }
+}
