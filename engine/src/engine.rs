@@ -331,6 +331,9 @@ impl Engine {
         if p.max_tokens == 0 {
             return bad("max_tokens must be at least 1".into());
         }
+        if self.config.role != crate::pd::Role::Monolithic && (p.n != 1 || !r.images.is_empty()) {
+            return bad("disaggregated requests take n = 1 and no images".into());
+        }
         if !(p.top_p > 0.0 && p.top_p <= 1.0) {
             return bad(format!("top_p {} is outside (0, 1]", p.top_p));
         }
@@ -374,6 +377,18 @@ impl Engine {
             }
             items.push(ImageItem { start: prompt.len(), len, hash: px.hash, pixels: Arc::new(px) });
             prompt.extend(std::iter::repeat_n(IMAGE_PAD, len));
+        }
+        let mut distinct: Vec<(u64, usize)> = items.iter().map(|i| (i.hash, i.len)).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let total: usize = distinct.iter().map(|d| d.1).sum();
+        if total > self.config.encoder_cache_tokens || distinct.len() > self.config.encoder_cache_entries {
+            return Err(bad(format!(
+                "{} distinct images encode to {total} embeddings, more than the encoder cache holds ({} embeddings, {} entries)",
+                distinct.len(),
+                self.config.encoder_cache_tokens,
+                self.config.encoder_cache_entries
+            )));
         }
         if prompt.len() >= self.max_model_len {
             return Err(bad(format!(
@@ -477,7 +492,10 @@ impl Engine {
         }
         if self.asleep.is_none() && (!self.waiting.is_empty() || !self.running.is_empty()) {
             self.counters.steps += 1;
-            let sched = self.schedule();
+            let mut sched = self.schedule();
+            // A sequence that ended while the step was scheduled (an encoder failure ends every
+            // sequence of its request) computes nothing.
+            sched.chunks.retain(|c| self.seqs.get(&c.seq).is_some_and(|s| s.finished.is_none()));
             if !sched.chunks.is_empty() {
                 let batch = ForwardBatch {
                     copies: sched.copies,
@@ -759,7 +777,7 @@ impl Engine {
         if self.asleep.is_some() {
             return Ok(());
         }
-        let busy = self.num_in_flight();
+        let busy = self.num_in_flight() + self.pd.held.len();
         if busy > 0 {
             return Err(EngineError::Busy(busy));
         }
@@ -792,7 +810,7 @@ impl Engine {
             return Err(EngineError::Weights("new weights have another model shape".into()));
         }
         if self.asleep != Some(2) {
-            let busy = self.num_in_flight();
+            let busy = self.num_in_flight() + self.pd.held.len();
             if busy > 0 {
                 return Err(EngineError::Busy(busy));
             }

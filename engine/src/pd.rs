@@ -88,7 +88,8 @@ impl Engine {
         self.pd.next_handle += 1;
         let handle = (u64::from(self.config.engine_id) << 48) | self.pd.next_handle;
         self.pd.handles.insert(handle, rid);
-        self.pd.held.insert(rid, Held { seq: sid, handle, since_ms: self.now_ms });
+        let previous = self.pd.held.insert(rid, Held { seq: sid, handle, since_ms: self.now_ms });
+        assert!(previous.is_none(), "request {rid} held twice");
     }
 
     pub(crate) fn transfer_params(&self, rid: RequestId) -> Option<TransferParams> {
@@ -132,12 +133,19 @@ impl Engine {
             .held
             .keys()
             .copied()
-            .filter(|r| self.pd.held.get(r).is_some_and(|h| h.since_ms + timeout <= self.now_ms))
+            .filter(|r| self.pd.held.get(r).is_some_and(|h| h.since_ms.saturating_add(timeout) <= self.now_ms))
             .collect();
         for r in &expired {
             self.release_transfer(*r, false);
         }
         expired.len()
+    }
+
+    /// Whether a held transfer may still free its blocks (a pull or its timeout is still to come).
+    /// Overdue holds that were not released never will be: the scheduler then stops waiting.
+    pub(crate) fn held_may_free(&self) -> bool {
+        let timeout = self.config.kv_transfer_timeout_ms;
+        self.pd.held.values().any(|h| h.since_ms.saturating_add(timeout) > self.now_ms)
     }
 
     /// Transfers held on the prefill side.

@@ -67,7 +67,7 @@ impl Engine {
                     let victim = *self.running.back().expect("running is not empty");
                     if victim != sid {
                         self.preempt(victim);
-                    } else if self.running.len() == 1 {
+                    } else if self.running.len() == 1 && !self.held_may_free() {
                         // Alone and still no room: it can never fit.
                         let req = self.seqs.get(&sid).expect("seq").request;
                         if let Some(r) = self.requests.get_mut(&req) {
@@ -105,7 +105,7 @@ impl Engine {
                 Images::Ready => {}
                 // Encoding takes its step: the request prefills in a later one (FCFS holds).
                 Images::EncodedNow | Images::StepBudgetSpent => break,
-                Images::NoRoom if self.running.is_empty() && out.chunks.is_empty() => {
+                Images::NoRoom if self.running.is_empty() && out.chunks.is_empty() && !self.held_may_free() => {
                     if let Some(r) = self.requests.get_mut(&request) {
                         r.error = Some("encoder cache exhausted: every entry is held and nothing is running".into());
                     }
@@ -135,7 +135,7 @@ impl Engine {
                     budget -= len;
                 }
                 Err(e) => {
-                    if self.running.is_empty() && out.chunks.is_empty() {
+                    if self.running.is_empty() && out.chunks.is_empty() && !self.held_may_free() {
                         // Nothing runs that could ever free a block: waiting would never end.
                         if let Some(r) = self.requests.get_mut(&request) {
                             r.error = Some(format!(

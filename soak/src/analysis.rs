@@ -70,6 +70,14 @@ pub fn judge_file(
     incomplete: bool,
 ) -> Result<(Samples, Verdict), SamplesError> {
     let s = Samples::read(samples)?;
+    if !s.rows.iter().any(|r| r.quiescent) {
+        return Err(SamplesError {
+            path: samples.to_path_buf(),
+            line: 2,
+            field: "quiescent".into(),
+            message: "no sample is quiescent (taken with nothing in flight): nothing to judge".into(),
+        });
+    }
     let cfg = cfg.unwrap_or_else(|| default_config(&s));
     let mut v = analyze(&s, &cfg, incomplete);
     let snap_path = samples.with_file_name("mappings.json");

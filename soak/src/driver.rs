@@ -219,6 +219,17 @@ impl Driver<'_> {
         RunError::Harness(format!("{}: {e}", self.samples_path.display()))
     }
 
+    /// A request the scenario built was refused: the scenario asks for something the engine
+    /// cannot serve (exit 2); any other engine failure is the harness's (exit 3).
+    fn add_err(&self, phase: usize, e: plateau_engine::EngineError) -> RunError {
+        match e {
+            plateau_engine::EngineError::InvalidRequest { reason, .. } => {
+                RunError::Input(format!("phase[{phase}]: the engine refuses its requests: {reason}"))
+            }
+            other => self.engine_err("add_request", other),
+        }
+    }
+
     fn engine_err(&self, what: &str, e: impl std::fmt::Display) -> RunError {
         RunError::Harness(format!("engine failed at iteration {} ({what}): {e}", self.iter + 1))
     }
@@ -270,7 +281,7 @@ impl Driver<'_> {
     /// Waits, stepping, for work that ends by itself (KV held until its transfer timeout), at most
     /// twice its longest time plus 100 ms: what is still there then is left for the sample to see.
     fn settle(&mut self) -> Result<(), RunError> {
-        let limit = Duration::from_millis(2 * self.engine.settle_ms() + 100);
+        let limit = Duration::from_millis(self.engine.settle_ms().saturating_mul(2).saturating_add(100));
         let t0 = Instant::now();
         while self.engine.unsettled() > 0 && t0.elapsed() < limit {
             std::thread::sleep(Duration::from_millis(1));
@@ -300,7 +311,7 @@ impl Driver<'_> {
                 let mut invalid =
                     (0..b.invalid as u64).map(|k| self.workload.invalid(k + iter, vocab)).collect::<Vec<_>>();
                 for (k, r) in reqs.into_iter().enumerate() {
-                    self.engine.add_request(r).map_err(|e| self.engine_err("add_request", e))?;
+                    self.engine.add_request(r).map_err(|e| self.add_err(index, e))?;
                     // Invalid requests are spread through the batch.
                     if k % 4 == 1 {
                         if let Some((bad, what)) = invalid.pop() {
@@ -320,7 +331,7 @@ impl Driver<'_> {
                 let reqs = self.workload.pressure(p, pool_tokens, c.max_num_seqs);
                 let ids: Vec<u64> = reqs.iter().map(|r| r.id).collect();
                 for r in reqs {
-                    self.engine.add_request(r).map_err(|e| self.engine_err("add_request", e))?;
+                    self.engine.add_request(r).map_err(|e| self.add_err(index, e))?;
                 }
                 let targets = self.targets(&ids, &p.abort, index);
                 self.drive(targets)

@@ -310,8 +310,8 @@ pub fn parse_duration_secs(s: &str) -> Result<f64, String> {
         "h" => 3600.0,
         _ => return Err(format!("`{s}`: unit must be s, m or h")),
     };
-    if v <= 0.0 {
-        return Err(format!("`{s}` must be positive"));
+    if !(v > 0.0 && v * mult <= 366.0 * 86_400.0) {
+        return Err(format!("`{s}` must be positive and at most a year"));
     }
     Ok(v * mult)
 }
@@ -383,6 +383,12 @@ impl Scenario {
                 return fail(eng(key), "must be at least 1".into());
             }
         }
+        if e.encoder_cache_tokens == 0 || e.encoder_cache_entries == 0 || e.max_encoder_tokens_per_step == 0 {
+            return fail(
+                eng("encoder_cache_tokens"),
+                "encoder_cache_tokens, encoder_cache_entries and max_encoder_tokens_per_step must be positive".into(),
+            );
+        }
         if !(e.min_pixels >= 1 && e.min_pixels <= e.max_pixels && e.max_pixels <= e.hard_max_pixels) {
             return fail(eng("max_pixels"), "need 1 <= min_pixels <= max_pixels <= hard_max_pixels".into());
         }
@@ -400,7 +406,15 @@ impl Scenario {
                     "regions, transfer_bytes_per_step and kv_transfer_timeout_ms must be positive".into(),
                 );
             }
-            if self.phases.iter().any(|p| matches!(p, Phase::Batch(b) if b.n != 1 || !b.images.is_empty())) {
+            let not_pd = |p: &Phase| match p {
+                Phase::Batch(b) => b.n != 1 || !b.images.is_empty(),
+                Phase::Pressure(pr) => pr.n != 1,
+                Phase::Sleep(_) => false,
+            };
+            if pd.kv_transfer_timeout_ms > 3_600_000 {
+                return fail(at("kv_transfer_timeout_ms"), "at most an hour (3600000)".into());
+            }
+            if self.phases.iter().any(not_pd) {
                 return fail(at("mode"), "disaggregated scenarios take n = 1 and no images in every batch".into());
             }
         }
@@ -442,8 +456,17 @@ impl Scenario {
                     if !(b.top_p > 0.0 && b.top_p <= 1.0) {
                         return fail(at("top_p"), format!("{} is outside (0, 1]", b.top_p));
                     }
-                    if !(b.temperature >= 0.0) {
-                        return fail(at("temperature"), format!("{} must be >= 0", b.temperature));
+                    if !(b.temperature >= 0.0 && b.temperature.is_finite()) {
+                        return fail(at("temperature"), format!("{} must be finite and >= 0", b.temperature));
+                    }
+                    if let Some(len) = b.prompt_tokens {
+                        let max_len = e.max_model_len.unwrap_or(usize::MAX);
+                        if len as usize >= max_len {
+                            return fail(
+                                at("prompt_tokens"),
+                                format!("{len} leaves no room under engine.max_model_len = {max_len}"),
+                            );
+                        }
                     }
                     let pads = b.prompt.matches(plateau_engine::tokenizer::IMAGE_PAD_TEXT).count();
                     if pads > 0 && b.images.is_empty() {
@@ -482,7 +505,7 @@ impl Scenario {
                     if !(pr.overcommit > 1.0 && pr.overcommit <= 10.0) {
                         return fail(at("overcommit"), format!("{} is outside (1, 10]", pr.overcommit));
                     }
-                    let need = (pr.prompt_tokens + pr.max_tokens) as usize;
+                    let need = pr.prompt_tokens as usize + pr.n as usize * pr.max_tokens as usize;
                     if need.div_ceil(e.block_size) > e.num_kv_blocks {
                         return fail(at("prompt_tokens"), "one request alone needs more than the whole KV pool".into());
                     }
@@ -650,10 +673,18 @@ mod tests {
     }
 
     #[test]
+    fn disaggregated_scenarios_refuse_n_above_one_in_every_phase() {
+        let text = "name = \"x\"\ndescription = \"d\"\n[pd]\n[[phase]]\nkind = \"pressure\"\nn = 2\n";
+        let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
+        assert!(e.contains("n = 1"), "{e}");
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration_secs("10m"), Ok(600.0));
         assert_eq!(parse_duration_secs("1.5h"), Ok(5400.0));
         assert!(parse_duration_secs("10 parsecs").is_err());
         assert!(parse_duration_secs("0s").is_err());
+        assert!(parse_duration_secs("100000000000000000000h").is_err());
     }
 }

@@ -168,9 +168,9 @@ impl Workload {
 
     /// Requests whose KV demand is `overcommit` times the pool's tokens.
     pub fn pressure(&mut self, p: &Pressure, pool_tokens: usize, max_seqs: usize) -> Vec<Request> {
-        let per_request = (p.prompt_tokens + p.n * p.max_tokens) as f64;
-        let count =
-            ((p.overcommit * pool_tokens as f64 / per_request).ceil() as usize).clamp(2, max_seqs / p.n as usize);
+        let per_request = p.prompt_tokens as f64 + p.n as f64 * p.max_tokens as f64;
+        let count = ((p.overcommit * pool_tokens as f64 / per_request).ceil() as usize)
+            .clamp(1, (max_seqs / p.n as usize).max(1));
         (0..count)
             .map(|_| {
                 let id = self.take_id();

@@ -298,7 +298,11 @@ fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) -
         .names
         .iter()
         .enumerate()
-        .filter(|(_, n)| n.starts_with("registry.") || n.starts_with("engine.") && n.ends_with("_bytes"))
+        .filter(|(_, n)| {
+            // Families after any role prefix (`decode.registry.pd.pulls`).
+            let family = ["registry.", "engine."].iter().find_map(|f| n.find(f).map(|i| &n[i..])).unwrap_or("");
+            family.starts_with("registry.") || family.starts_with("engine.") && family.ends_with("_bytes")
+        })
         .filter(|(_, n)| s.header.metrics[*n].kind != Kind::Counter)
         .filter_map(|(i, n)| {
             let pts: Vec<(u64, f64)> =

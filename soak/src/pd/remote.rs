@@ -171,11 +171,11 @@ impl System for RemotePair {
             let done = p.max_tokens == 1
                 || (!p.ignore_eos && t.first_token == EOS)
                 || p.stop_token_ids.contains(&t.first_token);
-            let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
             if done {
                 self.prefill.get_mut().call(&Call::Release { id: o.id, aborted: false })?;
                 continue;
             }
+            let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
             if draw < self.failure_fraction {
                 continue;
             }
