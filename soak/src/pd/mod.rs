@@ -5,5 +5,6 @@ pub mod node;
 pub mod pair;
 pub mod region;
 pub mod remote;
+pub mod router;
 pub mod transport;
 pub mod wire;

@@ -6,16 +6,12 @@
 //! fraction of forwards "fail" (the decode node died before it got the request): the prefill side
 //! must then free the held KV by its timeout.
 
-use std::collections::BTreeMap;
-
-use plateau_engine::tokenizer::EOS;
 use plateau_engine::{
-    AbortOutcome, Engine, EngineConfig, EngineError, FinishReason, IdleViolation, Metric, MetricKind, ModelConfig,
-    Notice, Request, RequestStage, WeightSource,
+    AbortOutcome, Engine, EngineConfig, EngineError, IdleViolation, Metric, MetricKind, ModelConfig, Notice, Request,
+    RequestStage, WeightSource,
 };
-use rand_chacha::ChaCha8Rng;
-use rand_core::RngCore;
 
+use super::router::{Route, Router};
 use super::transport::InProcessTransport;
 use crate::system::System;
 
@@ -31,12 +27,7 @@ pub struct PdPair {
     prefill: Engine,
     decode: Engine,
     transport: InProcessTransport,
-    /// Requests on the prefill side, as the client sent them.
-    originals: BTreeMap<u64, Request>,
-    failure_fraction: f64,
-    rng: ChaCha8Rng,
-    /// Forwards dropped to simulate a dead decode node.
-    pub dropped: u64,
+    router: Router,
 }
 
 fn prefixed(stats: Vec<Metric>, role: &str) -> impl Iterator<Item = Metric> + '_ {
@@ -52,35 +43,23 @@ impl PdPair {
             prefill,
             decode,
             transport: InProcessTransport::new(o.regions, o.bytes_per_step, o.leak_on_remap),
-            originals: BTreeMap::new(),
-            failure_fraction: o.decode_failure_fraction,
-            rng: crate::workload::rng_for(&[o.seed, 0xdead]),
-            dropped: 0,
+            router: Router::new(o.decode_failure_fraction, o.seed),
         }
     }
 
     fn route_prefill_outputs(&mut self) -> Result<(), EngineError> {
         for o in self.prefill.step()? {
-            let Some(orig) = self.originals.remove(&o.id) else { continue };
-            let Some(t) = o.transfer.clone() else { continue };
-            if !matches!(o.finish(), FinishReason::Stopped | FinishReason::Length) {
-                continue;
-            }
-            let p = &orig.params;
-            let done = p.max_tokens == 1
-                || (!p.ignore_eos && t.first_token == EOS)
-                || p.stop_token_ids.contains(&t.first_token);
-            if done {
-                self.prefill.release_transfer(o.id, false);
-                continue;
-            }
-            let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-            if draw < self.failure_fraction {
-                self.dropped += 1;
-                continue;
-            }
-            if self.decode.add_remote_request(orig, t).is_err() {
-                self.prefill.release_transfer(o.id, true);
+            match self.router.route(o) {
+                Route::Ignore | Route::Drop => {}
+                Route::Done(id) => {
+                    self.prefill.release_transfer(id, false);
+                }
+                Route::Forward(orig, t) => {
+                    let id = orig.id;
+                    if self.decode.add_remote_request(orig, t).is_err() {
+                        self.prefill.release_transfer(id, true);
+                    }
+                }
             }
         }
         Ok(())
@@ -89,10 +68,8 @@ impl PdPair {
 
 impl System for PdPair {
     fn add_request(&mut self, r: Request) -> Result<(), EngineError> {
-        let mut first = r.clone();
-        first.params.max_tokens = 1;
-        self.prefill.add_request(first)?;
-        self.originals.insert(r.id, r);
+        self.prefill.add_request(Router::prefill_request(&r))?;
+        self.router.originals.insert(r.id, r);
         Ok(())
     }
 
@@ -122,7 +99,7 @@ impl System for PdPair {
         if self.decode.stage(id).is_some() {
             return self.decode.abort(id);
         }
-        self.originals.remove(&id);
+        self.router.originals.remove(&id);
         self.prefill.abort(id)
     }
 
@@ -156,7 +133,7 @@ impl System for PdPair {
             unit: "bytes",
             value: r.bytes() as u64,
         });
-        m.push(count("router.registry.pending", MetricKind::PerRequest, self.originals.len()));
+        m.push(count("router.registry.pending", MetricKind::PerRequest, self.router.originals.len()));
         m
     }
 
@@ -170,7 +147,7 @@ impl System for PdPair {
         }
         for (name, n) in [
             ("decode.registry.transport.in_flight", self.transport.in_flight()),
-            ("router.registry.pending", self.originals.len()),
+            ("router.registry.pending", self.router.originals.len()),
         ] {
             if n > 0 {
                 v.push(IdleViolation {

@@ -3,20 +3,17 @@
 //! own process, so metrics carry their role (`decode.proc.anon_outside_heap`).
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, BufWriter};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 
-use plateau_engine::tokenizer::EOS;
 use plateau_engine::{
-    AbortOutcome, EngineConfig, EngineError, FinishReason, IdleViolation, Metric, MetricKind, ModelConfig, Notice,
-    Request, RequestStage, WeightSource,
+    AbortOutcome, EngineConfig, EngineError, IdleViolation, Metric, MetricKind, ModelConfig, Notice, Request,
+    RequestStage, WeightSource,
 };
-use rand_chacha::ChaCha8Rng;
-use rand_core::RngCore;
 
 use super::node::{Call, Reply, WireMetric};
+use super::router::{Route, Router};
 use super::wire::{read_frame, write_frame};
 use crate::probes::AnonMapping;
 use crate::system::System;
@@ -47,9 +44,7 @@ pub struct RemotePair {
     prefill: RefCell<Client>,
     decode: RefCell<Client>,
     children: Vec<Child>,
-    originals: BTreeMap<u64, Request>,
-    failure_fraction: f64,
-    rng: ChaCha8Rng,
+    router: Router,
     config: EngineConfig,
     model: ModelConfig,
     unfinished: bool,
@@ -113,9 +108,7 @@ impl RemotePair {
             prefill: RefCell::new(prefill),
             decode: RefCell::new(decode),
             children: vec![p_child, d_child],
-            originals: BTreeMap::new(),
-            failure_fraction,
-            rng: crate::workload::rng_for(&[spec.seed, 0xdead]),
+            router: Router::new(failure_fraction, spec.seed),
             config,
             model,
             unfinished: false,
@@ -142,11 +135,10 @@ impl Drop for RemotePair {
 
 impl System for RemotePair {
     fn add_request(&mut self, r: Request) -> Result<(), EngineError> {
-        let mut params = r.params.clone();
-        params.max_tokens = 1;
-        match self.prefill.get_mut().call(&Call::Add { id: r.id, prompt: r.prompt.clone(), params })? {
+        let first = Router::prefill_request(&r);
+        match self.prefill.get_mut().call(&Call::Add { id: r.id, prompt: first.prompt, params: first.params })? {
             Reply::Done => {
-                self.originals.insert(r.id, r);
+                self.router.originals.insert(r.id, r);
                 self.unfinished = true;
                 Ok(())
             }
@@ -162,26 +154,18 @@ impl System for RemotePair {
             other => return Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
         };
         for o in outputs {
-            let Some(orig) = self.originals.remove(&o.id) else { continue };
-            let Some(t) = o.transfer.clone() else { continue };
-            if !matches!(o.finish(), FinishReason::Stopped | FinishReason::Length) {
-                continue;
-            }
-            let p = &orig.params;
-            let done = p.max_tokens == 1
-                || (!p.ignore_eos && t.first_token == EOS)
-                || p.stop_token_ids.contains(&t.first_token);
-            if done {
-                self.prefill.get_mut().call(&Call::Release { id: o.id, aborted: false })?;
-                continue;
-            }
-            let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-            if draw < self.failure_fraction {
-                continue;
-            }
-            let call = Call::AddRemote { id: orig.id, prompt: orig.prompt, params: orig.params, transfer: t };
-            if !matches!(self.decode.get_mut().call(&call)?, Reply::Done) {
-                self.prefill.get_mut().call(&Call::Release { id: o.id, aborted: true })?;
+            match self.router.route(o) {
+                Route::Ignore | Route::Drop => {}
+                Route::Done(id) => {
+                    self.prefill.get_mut().call(&Call::Release { id, aborted: false })?;
+                }
+                Route::Forward(orig, t) => {
+                    let id = orig.id;
+                    let call = Call::AddRemote { id, prompt: orig.prompt, params: orig.params, transfer: t };
+                    if !matches!(self.decode.get_mut().call(&call)?, Reply::Done) {
+                        self.prefill.get_mut().call(&Call::Release { id, aborted: true })?;
+                    }
+                }
             }
         }
         let (notices, d_unfinished) = match self.decode.get_mut().call(&Call::Step { now_ms })? {
@@ -196,7 +180,7 @@ impl System for RemotePair {
             };
             self.prefill.get_mut().call(&Call::Release { id, aborted })?;
         }
-        self.unfinished = p_unfinished || d_unfinished || !self.originals.is_empty();
+        self.unfinished = p_unfinished || d_unfinished || !self.router.originals.is_empty();
         Ok(())
     }
 
@@ -211,7 +195,7 @@ impl System for RemotePair {
     fn abort(&mut self, id: u64) -> AbortOutcome {
         for c in [&self.decode, &self.prefill] {
             if let Ok(Reply::Flag(true)) = c.borrow_mut().call(&Call::Abort { id }) {
-                self.originals.remove(&id);
+                self.router.originals.remove(&id);
                 return AbortOutcome::Aborted;
             }
         }
@@ -244,7 +228,7 @@ impl System for RemotePair {
             name: "router.registry.pending".into(),
             kind: MetricKind::PerRequest,
             unit: "count",
-            value: self.originals.len() as u64,
+            value: self.router.originals.len() as u64,
         });
         out
     }
