@@ -83,18 +83,25 @@ fn greedy(id: u64, len: usize, max_tokens: u32) -> Request {
     r
 }
 
-#[test]
-fn pd_outputs_equal_the_monolithic_engine() {
-    let reqs: Vec<Request> = (0..6).map(|i| greedy(i, 9 + i as usize * 5, 12)).collect();
+type Tokens = BTreeMap<u64, Vec<u32>>;
+
+/// The same requests through a monolithic engine and through a P/D pair: (monolithic, pair, the
+/// pair's engines).
+fn mono_and_pd(reqs: Vec<Request>) -> (Tokens, Tokens, Engine, Engine) {
     let mut mono = engine_with(|_| {});
     for r in reqs.clone() {
         mono.add_request(r).unwrap();
     }
-    let want: BTreeMap<u64, Vec<u32>> =
-        drain(&mut mono, 500).into_iter().map(|o| (o.id, o.seqs[0].tokens.clone())).collect();
+    let want = drain(&mut mono, 500).into_iter().map(|o| (o.id, o.seqs[0].tokens.clone())).collect();
     let (mut p, mut d) = pair(None);
     let got = run(&mut p, &mut d, reqs, &[], &[]);
-    let got: BTreeMap<u64, Vec<u32>> = got.outputs.into_iter().map(|(id, o)| (id, o.seqs[0].tokens.clone())).collect();
+    let got = got.outputs.into_iter().map(|(id, o)| (id, o.seqs[0].tokens.clone())).collect();
+    (want, got, p, d)
+}
+
+#[test]
+fn pd_outputs_equal_the_monolithic_engine() {
+    let (want, got, p, d) = mono_and_pd((0..6).map(|i| greedy(i, 9 + i as usize * 5, 12)).collect());
     assert_eq!(got, want);
     assert_eq!(p.check_idle(), Ok(()));
     assert_eq!(d.check_idle(), Ok(()));
@@ -102,16 +109,7 @@ fn pd_outputs_equal_the_monolithic_engine() {
 
 #[test]
 fn sampled_outputs_equal_the_monolithic_engine_too() {
-    let reqs: Vec<Request> = (0..4).map(|i| req(i, prompt(i, 20), 1, 10, 50 + i)).collect();
-    let mut mono = engine_with(|_| {});
-    for r in reqs.clone() {
-        mono.add_request(r).unwrap();
-    }
-    let want: BTreeMap<u64, Vec<u32>> =
-        drain(&mut mono, 500).into_iter().map(|o| (o.id, o.seqs[0].tokens.clone())).collect();
-    let (mut p, mut d) = pair(None);
-    let got = run(&mut p, &mut d, reqs, &[], &[]);
-    let got: BTreeMap<u64, Vec<u32>> = got.outputs.into_iter().map(|(id, o)| (id, o.seqs[0].tokens.clone())).collect();
+    let (want, got, _, _) = mono_and_pd((0..4).map(|i| req(i, prompt(i, 20), 1, 10, 50 + i)).collect());
     assert_eq!(got, want);
 }
 

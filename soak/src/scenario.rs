@@ -63,24 +63,26 @@ pub struct EngineSection {
 }
 
 impl Default for EngineSection {
+    /// The engine's own defaults: a scenario that leaves a field out gets what the engine would.
     fn default() -> Self {
+        let e = plateau_engine::EngineConfig::default();
         EngineSection {
             preset: "tiny".into(),
             weights: None,
             weights_seed: 0,
             backend: "cpu".into(),
-            block_size: 16,
-            num_kv_blocks: 512,
-            max_num_seqs: 64,
-            max_num_batched_tokens: 512,
-            max_model_len: None,
-            enable_prefix_caching: true,
-            min_pixels: 128 * 128,
-            max_pixels: 320 * 320,
-            hard_max_pixels: 4 * 320 * 320,
-            encoder_cache_tokens: 4096,
-            encoder_cache_entries: 64,
-            max_encoder_tokens_per_step: 1024,
+            block_size: e.block_size,
+            num_kv_blocks: e.num_kv_blocks,
+            max_num_seqs: e.max_num_seqs,
+            max_num_batched_tokens: e.max_num_batched_tokens,
+            max_model_len: e.max_model_len,
+            enable_prefix_caching: e.enable_prefix_caching,
+            min_pixels: e.image_limits.min_pixels,
+            max_pixels: e.image_limits.max_pixels,
+            hard_max_pixels: e.image_limits.hard_max_pixels,
+            encoder_cache_tokens: e.encoder_cache_tokens,
+            encoder_cache_entries: e.encoder_cache_entries,
+            max_encoder_tokens_per_step: e.max_encoder_tokens_per_step,
         }
     }
 }
