@@ -82,6 +82,14 @@ pub(crate) struct Remote {
     pub pulling: bool,
 }
 
+/// Whether a request's first token, sampled on the prefill side, already ends it: then the router
+/// releases the held KV instead of forwarding the request to a decode side.
+pub fn ends_at_first_token(p: &crate::request::SamplingParams, first_token: u32) -> bool {
+    p.max_tokens == 1
+        || (!p.ignore_eos && first_token == crate::tokenizer::EOS)
+        || p.stop_token_ids.contains(&first_token)
+}
+
 impl Engine {
     /// Prefill side: keeps a finished request's blocks for its transfer. Returns the parameters.
     pub(crate) fn hold_for_transfer(&mut self, sid: SeqId, rid: RequestId) {

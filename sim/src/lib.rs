@@ -1,1 +1,20 @@
+//! plateau-sim: the engine's real cores as nodes of a deterministic madsim cluster (a router,
+//! prefill, decode and monolithic nodes), driven by the soak's scenarios under seeded fault plans,
+//! with invariants checked during and after every run, a trace hash per run, and replay by seed.
+//!
+//! The cluster (`cluster`, `runner`) exists only in the simulation build, `RUSTFLAGS="--cfg
+//! madsim"` in its own target folder (`just sim`); the pure parts (model backend, cost model, fault
+//! plans, workload plans, traces, reports) build and are unit-tested everywhere.
 
+pub mod cost;
+pub mod faults;
+pub mod hash_model;
+pub mod plan;
+pub mod report;
+pub mod spec;
+pub mod trace;
+
+#[cfg(madsim)]
+pub mod cluster;
+#[cfg(madsim)]
+pub mod runner;

@@ -109,32 +109,7 @@ pub fn engine_config(s: &Scenario, backend: &str, injections: Injections, seed: 
         )),
         other => return Err(RunError::Input(format!("backend `{other}` is not one of cpu, cuda, auto"))),
     }
-    let e = &s.engine;
-    let model = match &e.weights {
-        Some(dir) => WeightSource::Dir(dir.clone()),
-        None => WeightSource::Preset { name: e.preset.clone(), seed: e.weights_seed },
-    };
-    let config = EngineConfig {
-        model,
-        block_size: e.block_size,
-        num_kv_blocks: e.num_kv_blocks,
-        max_num_seqs: e.max_num_seqs,
-        max_num_batched_tokens: e.max_num_batched_tokens,
-        max_model_len: e.max_model_len,
-        enable_prefix_caching: e.enable_prefix_caching,
-        seed,
-        injections,
-        image_limits: plateau_engine::ImageLimits {
-            min_pixels: e.min_pixels,
-            max_pixels: e.max_pixels,
-            hard_max_pixels: e.hard_max_pixels,
-        },
-        encoder_cache_tokens: e.encoder_cache_tokens,
-        encoder_cache_entries: e.encoder_cache_entries,
-        max_encoder_tokens_per_step: e.max_encoder_tokens_per_step,
-        ..EngineConfig::default()
-    };
-    Ok(config)
+    Ok(s.engine.to_config(injections, seed))
 }
 
 /// Builds what the scenario runs against: one engine, or a prefill/decode pair (`[pd]`).

@@ -30,6 +30,9 @@ pub struct Scenario {
     pub soak: SoakSection,
     /// Prefill/decode disaggregation: when present, requests go through a prefill/decode pair.
     pub pd: Option<PdSection>,
+    /// Cluster shape and faults for the simulator (plateau-sim); the soak ignores it.
+    #[serde(default)]
+    pub sim: SimSection,
     #[serde(rename = "phase")]
     pub phases: Vec<Phase>,
 }
@@ -83,6 +86,71 @@ impl Default for EngineSection {
             encoder_cache_tokens: e.encoder_cache_tokens,
             encoder_cache_entries: e.encoder_cache_entries,
             max_encoder_tokens_per_step: e.max_encoder_tokens_per_step,
+        }
+    }
+}
+
+impl EngineSection {
+    /// The engine configuration this section describes (the backend is the shell's business).
+    pub fn to_config(&self, injections: plateau_engine::Injections, seed: u64) -> plateau_engine::EngineConfig {
+        let model = match &self.weights {
+            Some(dir) => plateau_engine::WeightSource::Dir(dir.clone()),
+            None => plateau_engine::WeightSource::Preset { name: self.preset.clone(), seed: self.weights_seed },
+        };
+        plateau_engine::EngineConfig {
+            model,
+            block_size: self.block_size,
+            num_kv_blocks: self.num_kv_blocks,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_model_len: self.max_model_len,
+            enable_prefix_caching: self.enable_prefix_caching,
+            seed,
+            injections,
+            image_limits: plateau_engine::ImageLimits {
+                min_pixels: self.min_pixels,
+                max_pixels: self.max_pixels,
+                hard_max_pixels: self.hard_max_pixels,
+            },
+            encoder_cache_tokens: self.encoder_cache_tokens,
+            encoder_cache_entries: self.encoder_cache_entries,
+            max_encoder_tokens_per_step: self.max_encoder_tokens_per_step,
+            ..plateau_engine::EngineConfig::default()
+        }
+    }
+}
+
+/// The simulated cluster: how many nodes of each role, how long a run is, which fault profile
+/// applies and the timing the cost model uses. Only plateau-sim reads it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimSection {
+    pub prefill_nodes: usize,
+    pub decode_nodes: usize,
+    pub monolithic_nodes: usize,
+    /// Scenario iterations per simulated run (each ends at a quiescent point).
+    pub iterations: u64,
+    /// Fault profile: none, light, default, heavy (plateau-sim list-faults).
+    pub faults: String,
+    /// The router gives up on a request after this long and reports it failed.
+    pub request_timeout_ms: u64,
+    /// Requests of one iteration arrive spread over this window.
+    pub arrival_window_ms: u64,
+    /// KV transfer bandwidth between nodes, in MB/s (10,000 is a 100 Gb/s link at 80%).
+    pub kv_bandwidth_mb_per_s: u64,
+}
+
+impl Default for SimSection {
+    fn default() -> Self {
+        SimSection {
+            prefill_nodes: 1,
+            decode_nodes: 1,
+            monolithic_nodes: 1,
+            iterations: 8,
+            faults: "default".into(),
+            request_timeout_ms: 2_000,
+            arrival_window_ms: 50,
+            kv_bandwidth_mb_per_s: 10_000,
         }
     }
 }
@@ -393,6 +461,27 @@ impl Scenario {
         }
         if !(e.min_pixels >= 1 && e.min_pixels <= e.max_pixels && e.max_pixels <= e.hard_max_pixels) {
             return fail(eng("max_pixels"), "need 1 <= min_pixels <= max_pixels <= hard_max_pixels".into());
+        }
+        let sim = &self.sim;
+        let at = |key| Place { section: Some(("sim", 0)), key };
+        if (sim.prefill_nodes == 0) != (sim.decode_nodes == 0) {
+            return fail(at("prefill_nodes"), "prefill_nodes and decode_nodes are both 0 or both at least 1".into());
+        }
+        let nodes = sim.prefill_nodes + sim.decode_nodes + sim.monolithic_nodes;
+        if nodes == 0 || nodes > 32 {
+            return fail(at("monolithic_nodes"), format!("{nodes} engine nodes: need 1 to 32"));
+        }
+        if !(1..=10_000).contains(&sim.iterations) {
+            return fail(at("iterations"), format!("{} is outside 1..=10000", sim.iterations));
+        }
+        for (key, v, max) in [
+            ("request_timeout_ms", sim.request_timeout_ms, 3_600_000),
+            ("arrival_window_ms", sim.arrival_window_ms, 3_600_000),
+            ("kv_bandwidth_mb_per_s", sim.kv_bandwidth_mb_per_s, 10_000_000),
+        ] {
+            if v == 0 || v > max {
+                return fail(at(key), format!("{v} is outside 1..={max}"));
+            }
         }
         if let Some(pd) = &self.pd {
             let at = |key| Place { section: Some(("pd", 0)), key };

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use plateau_engine::tokenizer::EOS;
 use plateau_engine::{FinishReason, Request, RequestOutput, TransferParams};
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
@@ -52,8 +51,7 @@ impl Router {
         if !matches!(o.finish(), FinishReason::Stopped | FinishReason::Length) {
             return Route::Ignore;
         }
-        let p = &orig.params;
-        if p.max_tokens == 1 || (!p.ignore_eos && t.first_token == EOS) || p.stop_token_ids.contains(&t.first_token) {
+        if plateau_engine::pd::ends_at_first_token(&orig.params, t.first_token) {
             return Route::Done(o.id);
         }
         let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;

@@ -1,0 +1,204 @@
+//! `plateau-sim`: sweeps seeds of the simulated cluster, replays one, lists fault profiles.
+//! Exit codes: 0 every seed passed; 1 a seed failed an invariant; 2 bad input; 3 the simulator
+//! itself failed (for example, a trace file that cannot be written).
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use plateau_engine::{Injection, Injections};
+use plateau_sim::faults::Profile;
+use plateau_sim::spec::{default_scenario, parse_seeds, parse_shard, ModelKind, RunSpec};
+use plateau_soak::scenario::Scenario;
+
+#[derive(Parser)]
+#[command(
+    name = "plateau-sim",
+    version,
+    about = "Deterministic cluster simulation of the plateau engine: seeds, faults, invariants, replay"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    /// Scenario file or shipped soak scenario name; its [sim] section sets the cluster shape.
+    /// Default: the simulator's own `cluster` scenario (1 prefill, 1 decode, 1 monolithic node).
+    #[arg(long)]
+    scenario: Option<String>,
+    /// Fault profile: none, light, default, heavy (default: the scenario's sim.faults).
+    #[arg(long)]
+    faults: Option<String>,
+    /// Leak injection to switch on in every engine (repeatable; `plateau list` describes them).
+    #[arg(long = "inject", value_name = "NAME")]
+    inject: Vec<String>,
+    /// Model backend of the engine nodes: hash (fast pseudo-logits) or cpu (the real tiny model).
+    #[arg(long, default_value = "hash")]
+    model: String,
+    /// Scenario iterations per run (default: the scenario's sim.iterations).
+    #[arg(long)]
+    iterations: Option<u64>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a range of seeds; print one line per failing seed and a summary. Exit 1 on any failure.
+    Sweep {
+        /// Seeds: A..B (B excluded) or one seed.
+        #[arg(long, default_value = "0..100")]
+        seeds: String,
+        /// Run only shard I of N (seed k belongs to shard k mod N), for spreading a nightly sweep.
+        #[arg(long)]
+        shard: Option<String>,
+        /// Also print a line for every passing seed.
+        #[arg(long)]
+        verbose: bool,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Rerun one seed; print its result and trace hash, and write its event trace with --trace.
+    Replay {
+        #[arg(long)]
+        seed: u64,
+        /// Write every event of the run, one line each, to this file.
+        #[arg(long)]
+        trace: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// List the fault profiles.
+    ListFaults,
+}
+
+fn spec(a: &RunArgs) -> Result<RunSpec, String> {
+    let scenario = match &a.scenario {
+        Some(s) => Scenario::load(s).map_err(|e| e.to_string())?.0,
+        None => default_scenario(),
+    };
+    let mut injections = Injections::none();
+    for name in &a.inject {
+        let i: Injection = name.parse().map_err(|e: String| format!("--inject: {e}"))?;
+        injections = injections.with(i);
+    }
+    let model = ModelKind::parse(&a.model).map_err(|e| format!("--model: {e}"))?;
+    RunSpec::new(scenario, a.faults.as_deref(), injections, model, a.iterations)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::ListFaults => {
+            for (name, _, what) in Profile::ALL {
+                println!("{name:<8} {what}");
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Sweep { seeds, shard, verbose, run } => {
+            let parsed = (|| {
+                let seeds = parse_seeds(&seeds)?;
+                let shard = shard.as_deref().map(parse_shard).transpose()?;
+                Ok::<_, String>((seeds, shard, spec(&run)?))
+            })();
+            match parsed {
+                Ok((seeds, shard, spec)) => sweep(seeds, shard, &spec, verbose),
+                Err(e) => usage(&e),
+            }
+        }
+        Command::Replay { seed, trace, run } => match spec(&run) {
+            Ok(spec) => replay(seed, trace, &spec),
+            Err(e) => usage(&e),
+        },
+    }
+}
+
+fn usage(e: &str) -> ExitCode {
+    eprintln!("plateau-sim: {e}");
+    ExitCode::from(2)
+}
+
+#[cfg(not(madsim))]
+fn sweep(_: std::ops::Range<u64>, _: Option<(u64, u64)>, _: &RunSpec, _: bool) -> ExitCode {
+    not_simulation()
+}
+
+#[cfg(not(madsim))]
+fn replay(_: u64, _: Option<std::path::PathBuf>, _: &RunSpec) -> ExitCode {
+    not_simulation()
+}
+
+#[cfg(not(madsim))]
+fn not_simulation() -> ExitCode {
+    usage("this binary was built without the simulation; build it with RUSTFLAGS=\"--cfg madsim\" CARGO_TARGET_DIR=target/madsim cargo build --release -p plateau-sim (or: just sim)")
+}
+
+#[cfg(madsim)]
+fn sweep(seeds: std::ops::Range<u64>, shard: Option<(u64, u64)>, spec: &RunSpec, verbose: bool) -> ExitCode {
+    use std::io::Write;
+    let start = std::time::Instant::now();
+    let (mut runs, mut failed, mut requests, mut sim_ms) = (0u64, 0u64, 0u64, 0u64);
+    let mut first_fail = None;
+    for seed in seeds.clone().filter(|s| shard.is_none_or(|(i, n)| s % n == i)) {
+        let r = plateau_sim::runner::run_seed(spec, seed, false);
+        runs += 1;
+        requests += r.requests.finished + r.requests.aborted + r.requests.failed;
+        sim_ms += r.sim_ms;
+        if !r.passed() {
+            failed += 1;
+            first_fail.get_or_insert(seed);
+        }
+        if !r.passed() || verbose {
+            println!("{}", r.line());
+            let _ = std::io::stdout().flush();
+        }
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let injections: Vec<&str> = spec.injections.iter().map(|i| i.name()).collect();
+    println!(
+        "sweep {}..{}{}: {runs} seeds, {failed} failed{}; scenario {}, faults {:?}, injections [{}]; {requests} requests, {:.1} s simulated in {wall:.1} s wall ({:.0} requests/s, {:.0}x real time)",
+        seeds.start,
+        seeds.end,
+        shard.map(|(i, n)| format!(" shard {i}/{n}")).unwrap_or_default(),
+        first_fail.map(|s| format!(" (first: seed {s})")).unwrap_or_default(),
+        spec.scenario.name,
+        spec.profile,
+        injections.join(", "),
+        sim_ms as f64 / 1000.0,
+        requests as f64 / wall.max(1e-9),
+        sim_ms as f64 / 1000.0 / wall.max(1e-9),
+    );
+    if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+#[cfg(madsim)]
+fn replay(seed: u64, trace: Option<std::path::PathBuf>, spec: &RunSpec) -> ExitCode {
+    let r = plateau_sim::runner::run_seed(spec, seed, trace.is_some());
+    for v in &r.violations {
+        println!(
+            "seed {seed}: violation {} on {} at t={:.3}s: {}",
+            v.invariant,
+            v.node,
+            v.t_ms as f64 / 1000.0,
+            v.detail
+        );
+    }
+    println!("{}", r.line());
+    if let Some(path) = trace {
+        let mut text = r.trace_lines.join("\n");
+        text.push('\n');
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("plateau-sim: cannot write the trace to {}: {e}", path.display());
+            return ExitCode::from(3);
+        }
+        println!("trace: {} events written to {}", r.events, path.display());
+    }
+    if r.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

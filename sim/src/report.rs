@@ -1,0 +1,172 @@
+//! What a run found: its trace hash, how its requests ended, the invariant violations, and the
+//! detector's verdict on the registries sampled at quiescent points.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use plateau_engine::MetricKind;
+use plateau_reports::{Header, Kind, MetricSpec, Row, Samples, SAMPLES_SCHEMA};
+use plateau_soak::detector::{analyze, DetectorConfig};
+
+use crate::spec::RunSpec;
+use crate::trace::Trace;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub node: String,
+    pub t_ms: u64,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutcomeCounts {
+    pub finished: u64,
+    pub aborted: u64,
+    pub failed: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub seed: u64,
+    pub trace_hash: u64,
+    pub events: u64,
+    pub sim_ms: u64,
+    pub requests: OutcomeCounts,
+    pub violations: Vec<Violation>,
+    pub trace_lines: Vec<String>,
+}
+
+/// Quiescent samples: (iteration, seconds, node-prefixed metric -> (kind, unit, value)).
+pub type QuiescentSamples = Vec<(u64, f64, BTreeMap<String, (MetricKind, &'static str, u64)>)>;
+
+impl RunReport {
+    #[cfg(madsim)]
+    pub fn new<'a>(
+        seed: u64,
+        trace: &mut Trace,
+        sim_ms: u64,
+        outcomes: impl Iterator<Item = &'a crate::cluster::Outcome>,
+    ) -> RunReport {
+        use crate::cluster::Outcome;
+        let mut requests = OutcomeCounts::default();
+        for o in outcomes {
+            match o {
+                Outcome::Finished(_) => requests.finished += 1,
+                Outcome::Aborted => requests.aborted += 1,
+                Outcome::Failed(_) => requests.failed += 1,
+            }
+        }
+        RunReport {
+            seed,
+            trace_hash: trace.hash(),
+            events: trace.events(),
+            sim_ms,
+            requests,
+            violations: Vec::new(),
+            trace_lines: trace.take_lines(),
+        }
+    }
+
+    /// Runs the soak detector over the registries sampled at quiescent points: per-request state
+    /// must be gone at every one, bounded registries within capacity. Failures become violations.
+    pub fn judge_samples(&mut self, spec: &RunSpec, samples: QuiescentSamples) {
+        let mut metrics = BTreeMap::new();
+        for (_, _, values) in &samples {
+            for (name, (kind, unit, _)) in values {
+                let (kind, capacity) = match kind {
+                    MetricKind::Gauge => (Kind::Gauge, None),
+                    MetricKind::PerRequest => (Kind::PerRequest, None),
+                    MetricKind::Bounded { capacity } => (Kind::Bounded, Some(*capacity)),
+                    MetricKind::Counter => (Kind::Counter, None),
+                };
+                metrics.insert(name.clone(), MetricSpec { kind, unit: unit.to_string(), capacity });
+            }
+        }
+        let names: Vec<String> = metrics.keys().cloned().collect();
+        let rows = samples
+            .iter()
+            .map(|(iter, t, values)| Row {
+                t: *t,
+                iter: *iter,
+                quiescent: true,
+                values: names.iter().map(|n| values.get(n).map(|v| v.2 as f64)).collect(),
+            })
+            .collect();
+        let header = Header {
+            schema: SAMPLES_SCHEMA.into(),
+            scenario: spec.scenario.name.clone(),
+            seed: self.seed,
+            backend: "sim".into(),
+            metrics,
+            warmup_iterations: Some(0),
+            injections: spec.injections.iter().map(|i| i.name().to_string()).collect(),
+        };
+        let s = Samples { header, names, rows, truncated_tail: false };
+        let cfg = DetectorConfig { warmup_iterations: 0, ..DetectorConfig::default() };
+        let verdict = analyze(&s, &cfg, false);
+        for m in verdict.metrics.iter().filter(|m| m.status == plateau_reports::Status::Fail) {
+            let (node, _) = m.name.split_once('.').unwrap_or(("?", ""));
+            let at = samples.iter().find(|x| Some(x.0) == m.first_iter).map_or(self.sim_ms, |x| (x.1 * 1000.0) as u64);
+            self.violations.push(Violation {
+                invariant: "registry-at-quiescence",
+                node: node.to_string(),
+                t_ms: at,
+                detail: format!("{} ({}): {}", m.name, m.kind, m.reason),
+            });
+        }
+        self.violations.sort_by_key(|v| v.t_ms);
+    }
+
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// One line: the seed, and the first violation or the figures of a clean run.
+    pub fn line(&self) -> String {
+        match self.violations.first() {
+            Some(v) => format!(
+                "seed {}: FAIL {} on {} at t={:.3}s: {} ({} violations; trace {:016x})",
+                self.seed,
+                v.invariant,
+                v.node,
+                v.t_ms as f64 / 1000.0,
+                v.detail,
+                self.violations.len(),
+                self.trace_hash
+            ),
+            None => format!(
+                "seed {}: pass: {} requests ({} finished, {} aborted, {} failed) in {:.3}s simulated, {} events, trace {:016x}",
+                self.seed,
+                self.requests.finished + self.requests.aborted + self.requests.failed,
+                self.requests.finished,
+                self.requests.aborted,
+                self.requests.failed,
+                self.sim_ms as f64 / 1000.0,
+                self.events,
+                self.trace_hash
+            ),
+        }
+    }
+}
+
+thread_local! {
+    /// The node and simulated time of the last event on this thread, for panic reports.
+    static CONTEXT: RefCell<(String, u64)> = const { RefCell::new((String::new(), 0)) };
+}
+
+pub fn set_context(node: &str, t_ms: u64) {
+    CONTEXT.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != node {
+            c.0.clear();
+            c.0.push_str(node);
+        }
+        c.1 = t_ms;
+    });
+}
+
+/// Where this thread's simulation was when it panicked: (node, simulated ms).
+pub fn context() -> (String, u64) {
+    CONTEXT.with(|c| c.borrow().clone())
+}
