@@ -7,7 +7,7 @@ build:
 
 # The README's test command: tests, then the harness's selftest.
 test:
-    cargo test --workspace --release && cargo run --release -p plateau-soak -- selftest --quick
+    cargo test --workspace --release && RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/madsim cargo test --release -p plateau-sim && cargo run --release -p plateau-soak -- selftest --quick
 
 fmt:
     cargo fmt --all
@@ -30,6 +30,13 @@ selftest:
 nightly:
     for s in n-sampling aborts rl-rollout prefill-only mixed; do cargo run --release -p plateau-soak -- run $s || exit $?; done
     cargo run --release -p plateau-soak -- selftest
+
+# The simulation (its own cfg and target folder): just sim sweep --seeds 0..1000 --faults heavy
+sim *ARGS:
+    RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/madsim cargo run --release -p plateau-sim -- {{ARGS}}
+
+sim-test:
+    RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/madsim cargo test --release -p plateau-sim
 
 generate *ARGS:
     cargo run --release -p plateau-engine --example generate -- {{ARGS}}

@@ -795,7 +795,14 @@ fn final_checks(w: &mut World, ns: &NodeSpec) {
 }
 
 /// Runs one seed to the end inside the current madsim runtime.
-pub async fn run(spec: RunSpec, seed: u64, plans: Vec<IterationPlan>, keep_trace: bool) -> RunReport {
+/// `faults` replaces the plan drawn from the seed and the profile (property tests shrink it).
+pub async fn run(
+    spec: RunSpec,
+    seed: u64,
+    plans: Vec<IterationPlan>,
+    faults: Option<FaultPlan>,
+    keep_trace: bool,
+) -> RunReport {
     let s = &spec.scenario;
     let model = plateau_engine::ModelConfig::preset(&s.engine.preset).expect("checked by RunSpec");
     let kv_timeout_ms =
@@ -804,7 +811,8 @@ pub async fn run(spec: RunSpec, seed: u64, plans: Vec<IterationPlan>, keep_trace
     let shape = (s.sim.prefill_nodes, s.sim.decode_nodes, s.sim.monolithic_nodes);
     let horizon_ms = spec.iterations * (s.sim.arrival_window_ms + 150);
     let engine_nodes = shape.0 + shape.1 + shape.2;
-    let plan = FaultPlan::generate(spec.profile, Shape { engine_nodes, clients: CLIENTS, horizon_ms }, seed);
+    let plan = faults
+        .unwrap_or_else(|| FaultPlan::generate(spec.profile, Shape { engine_nodes, clients: CLIENTS, horizon_ms }, seed));
     let ns = Arc::new(NodeSpec {
         cost: CostModel::new(s.sim.kv_bandwidth_mb_per_s),
         kv_bytes_per_token: model.kv_bytes_per_token() as u64,

@@ -104,41 +104,45 @@ pub struct Shape {
     pub horizon_ms: u64,
 }
 
-fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
-    if n == 0 {
-        0
-    } else {
-        rng.next_u64() % n
-    }
-}
+/// One episode as raw numbers: kind, node, other node, start, length, strength.
+pub type Draw = [u64; 6];
 
 impl FaultPlan {
     pub fn generate(profile: Profile, shape: Shape, seed: u64) -> FaultPlan {
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xFA17_FA17_FA17_FA17);
+        let draws: Vec<Draw> = (0..profile.episodes() * 20).map(|_| std::array::from_fn(|_| rng.next_u64())).collect();
+        FaultPlan::from_draws(shape, &draws, profile.episodes())
+    }
+
+    /// Builds a plan from raw draws (a seeded RNG's, or a property test's), one episode per draw,
+    /// at most `max_episodes`; a draw that would overlap an episode on the same node (or another
+    /// network-wide window) is skipped.
+    pub fn from_draws(shape: Shape, draws: &[Draw], max_episodes: usize) -> FaultPlan {
         let mut plan = FaultPlan::default();
         // Busy intervals per node (index 0: network-wide windows), so episodes never overlap there.
         let mut busy: Vec<Vec<(u64, u64)>> = vec![Vec::new(); shape.engine_nodes + 1];
-        let (mut episodes, mut attempts) = (0, 0);
-        while episodes < profile.episodes() && attempts < profile.episodes() * 20 {
-            attempts += 1;
-            let start = below(&mut rng, shape.horizon_ms.max(1));
-            let length = 20 + below(&mut rng, (shape.horizon_ms / 4).max(1));
-            let end = start + length;
-            let node = 1 + below(&mut rng, shape.engine_nodes as u64) as usize;
-            let other = below(&mut rng, shape.engine_nodes as u64 + 1) as usize;
-            let (slot, begin, finish) = match below(&mut rng, 9) {
+        let mut episodes = 0;
+        for &[kind, node, other, start, length, strength] in draws {
+            if episodes == max_episodes {
+                break;
+            }
+            let start = start % shape.horizon_ms.max(1);
+            let end = start + 20 + length % (shape.horizon_ms / 4).max(1);
+            let node = 1 + (node % shape.engine_nodes.max(1) as u64) as usize;
+            let other = (other % (shape.engine_nodes as u64 + 1)) as usize;
+            let (slot, begin, finish) = match kind % 9 {
                 0 | 1 => (node, Fault::Kill(node), Fault::Restart(node)),
                 2 => (node, Fault::Pause(node), Fault::Resume(node)),
                 3 => (node, Fault::ClogNode(node), Fault::UnclogNode(node)),
                 4 if other != node => (node, Fault::ClogLink(node, other), Fault::UnclogLink(node, other)),
-                5 => (0, Fault::PacketLoss(10 + below(&mut rng, 90) as u32), Fault::PacketLoss(0)),
+                5 => (0, Fault::PacketLoss(10 + (strength % 90) as u32), Fault::PacketLoss(0)),
                 6 => {
-                    let min = 5 + below(&mut rng, 20);
-                    (0, Fault::Latency(Some((min, min + 10 + below(&mut rng, 80)))), Fault::Latency(None))
+                    let min = 5 + strength % 20;
+                    (0, Fault::Latency(Some((min, min + 10 + strength % 80))), Fault::Latency(None))
                 }
-                7 => (node, Fault::SlowTransfers(node, 10 + below(&mut rng, 90)), Fault::SlowTransfers(node, 1)),
+                7 => (node, Fault::SlowTransfers(node, 10 + strength % 90), Fault::SlowTransfers(node, 1)),
                 8 if shape.clients > 0 => {
-                    let c = below(&mut rng, u64::from(shape.clients)) as u32;
+                    let c = (strength % u64::from(shape.clients)) as u32;
                     plan.events.push(Scheduled { at_ms: start, fault: Fault::Disconnect(c) });
                     episodes += 1;
                     continue;
@@ -155,11 +159,6 @@ impl FaultPlan {
         }
         plan.events.sort_by_key(|s| s.at_ms);
         plan
-    }
-
-    /// The end events still owed after time `t_ms` (what healing runs), in plan order.
-    pub fn ends_after(&self, t_ms: u64) -> Vec<Fault> {
-        self.events.iter().filter(|s| s.at_ms > t_ms && s.fault.is_end()).map(|s| s.fault.clone()).collect()
     }
 }
 

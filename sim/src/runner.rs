@@ -4,6 +4,8 @@
 
 use std::sync::Once;
 
+use crate::faults::FaultPlan;
+use crate::plan::IterationPlan;
 use crate::report::{context, RunReport, Violation};
 use crate::spec::RunSpec;
 
@@ -36,17 +38,27 @@ fn install_panic_hook() {
 
 /// Runs one seed to the end and reports what it found. `keep_trace` keeps every trace line.
 pub fn run_seed(spec: &RunSpec, seed: u64, keep_trace: bool) -> RunReport {
+    match crate::plan::from_scenario(&spec.scenario, seed, spec.iterations) {
+        Ok(plans) => run_plans(spec, seed, plans, None, keep_trace),
+        Err(e) => failed(seed, "scenario", "sim".into(), 0, e),
+    }
+}
+
+/// Runs given iteration plans, under a given fault plan or (None) the one the seed draws.
+pub fn run_plans(
+    spec: &RunSpec,
+    seed: u64,
+    plans: Vec<IterationPlan>,
+    faults: Option<FaultPlan>,
+    keep_trace: bool,
+) -> RunReport {
     install_panic_hook();
-    let plans = match crate::plan::from_scenario(&spec.scenario, seed, spec.iterations) {
-        Ok(p) => p,
-        Err(e) => return failed(seed, "scenario", "sim".into(), 0, e),
-    };
     let spec2 = spec.clone();
     let thread = std::thread::Builder::new().name(format!("sim-seed-{seed}")).spawn(move || {
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let mut rt = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
             rt.set_time_limit(std::time::Duration::from_secs(24 * 3600));
-            rt.block_on(crate::cluster::run(spec2, seed, plans, keep_trace))
+            rt.block_on(crate::cluster::run(spec2, seed, plans, faults, keep_trace))
         }));
         outcome.map_err(|_| {
             let msg = LAST_PANIC.with(|p| p.borrow_mut().take()).unwrap_or_else(|| "panic".into());

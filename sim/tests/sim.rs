@@ -1,0 +1,125 @@
+//! Simulation tests: clean sweeps pass, every injection the simulator models is caught, seeds
+//! replay to the same trace hash, and proptest shrinks a failing (workload, fault plan) pair.
+//! Only in the simulation build: RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/madsim
+//! cargo test --release -p plateau-sim.
+#![cfg(madsim)]
+
+use plateau_engine::{Injection, Injections, Request, SamplingParams};
+use plateau_sim::faults::{Draw, FaultPlan, Profile, Shape};
+use plateau_sim::plan::{IterationPlan, Planned};
+use plateau_sim::runner::{run_plans, run_seed};
+use plateau_sim::spec::{default_scenario, ModelKind, RunSpec};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+
+fn spec(faults: &str, injections: Injections) -> RunSpec {
+    RunSpec::new(default_scenario(), Some(faults), injections, ModelKind::Hash, None).unwrap()
+}
+
+#[test]
+fn clean_sweeps_pass_under_every_fault_profile() {
+    for (faults, seeds) in [("none", 0..10), ("default", 0..40), ("heavy", 100..120)] {
+        let s = spec(faults, Injections::none());
+        for seed in seeds {
+            let r = run_seed(&s, seed, false);
+            assert!(r.passed(), "{faults}: {}", r.line());
+            assert!(r.requests.finished > 0, "{faults}: {}", r.line());
+        }
+    }
+}
+
+#[test]
+fn every_registry_injection_is_caught_naming_seed_and_invariant() {
+    for i in [
+        Injection::RegistryRetainsFinished,
+        Injection::NAbortOrphans,
+        Injection::AbortKeepsBlocks,
+        Injection::SleepKeepsKv,
+        Injection::EncoderCacheAbort,
+        Injection::PdPrefillHold,
+        Injection::PdHandles,
+    ] {
+        let s = spec("default", Injections::none().with(i));
+        let caught = (0..20).map(|seed| run_seed(&s, seed, false)).find(|r| !r.passed());
+        let r = caught.unwrap_or_else(|| panic!("{} not caught in seeds 0..20", i.name()));
+        let line = r.line();
+        assert!(line.starts_with(&format!("seed {}: FAIL ", r.seed)), "{line}");
+        assert!(!r.violations[0].invariant.is_empty(), "{line}");
+    }
+}
+
+#[test]
+fn a_seed_replays_to_the_same_trace_and_seeds_differ() {
+    let s = spec("heavy", Injections::none());
+    let mut hashes = Vec::new();
+    for seed in 0..24 {
+        let a = run_seed(&s, seed, false);
+        let b = run_seed(&s, seed, true);
+        assert_eq!(a.trace_hash, b.trace_hash, "seed {seed}");
+        assert_eq!(a.events, b.trace_lines.len() as u64, "seed {seed}");
+        hashes.push(a.trace_hash);
+    }
+    hashes.sort_unstable();
+    hashes.dedup();
+    assert_eq!(hashes.len(), 24, "every seed runs differently");
+}
+
+/// A generated workload: one iteration of plain requests (n, prompt length, max tokens, abort delay).
+fn workload(reqs: &[(u32, usize, u32, Option<u64>)]) -> Vec<IterationPlan> {
+    let requests = reqs
+        .iter()
+        .enumerate()
+        .map(|(k, &(n, len, max_tokens, abort))| Planned {
+            at_ms: k as u64 * 3,
+            client: k as u32 % 4,
+            request: Request {
+                id: k as u64,
+                prompt: (0..len as u32).map(|t| 10 + (t * 7 + k as u32) % 200).collect(),
+                params: SamplingParams { n, max_tokens, seed: Some(k as u64), ..SamplingParams::default() },
+                images: Vec::new(),
+            },
+            abort_after_ms: abort,
+        })
+        .collect();
+    vec![IterationPlan { requests, sleeps: vec![(1, false)] }]
+}
+
+fn case() -> impl Strategy<Value = (Vec<(u32, usize, u32, Option<u64>)>, Vec<Draw>)> {
+    let req = (1u32..3, 1usize..80, 1u32..12, proptest::option::of(0u64..40));
+    (proptest::collection::vec(req, 1..10), proptest::collection::vec(any::<[u64; 6]>(), 0..5))
+}
+
+fn check(s: &RunSpec, reqs: &[(u32, usize, u32, Option<u64>)], draws: &[Draw]) -> Result<(), TestCaseError> {
+    let shape = Shape { engine_nodes: 3, clients: 4, horizon_ms: 300 };
+    let faults = FaultPlan::from_draws(shape, draws, draws.len());
+    let r = run_plans(s, 1, workload(reqs), Some(faults), false);
+    prop_assert!(r.passed(), "{}", r.line());
+    Ok(())
+}
+
+#[test]
+fn generated_workloads_and_fault_plans_hold_every_invariant() {
+    let s = spec("none", Injections::none());
+    let mut runner = TestRunner::new(Config { cases: 48, failure_persistence: None, ..Config::default() });
+    runner.run(&case(), |(reqs, draws)| check(&s, &reqs, &draws)).unwrap();
+}
+
+#[test]
+fn a_failing_case_shrinks_to_one_request_and_no_faults() {
+    let s = spec("none", Injections::none().with(Injection::RegistryRetainsFinished));
+    let mut runner = TestRunner::new(Config { cases: 16, failure_persistence: None, ..Config::default() });
+    match runner.run(&case(), |(reqs, draws)| check(&s, &reqs, &draws)) {
+        Err(TestError::Fail(why, (reqs, draws))) => {
+            assert_eq!(reqs.len(), 1, "shrunk to {reqs:?} / {draws:?}: {why}");
+            assert!(draws.is_empty(), "shrunk to {reqs:?} / {draws:?}: {why}");
+        }
+        other => panic!("registry-retains-finished not found: {other:?}"),
+    }
+}
+
+#[test]
+fn unknown_profiles_and_impossible_specs_are_refused() {
+    assert!(Profile::parse("storm").is_err());
+    let e = RunSpec::new(default_scenario(), None, Injections::none(), ModelKind::Hash, Some(0)).unwrap_err();
+    assert!(e.contains("--iterations"), "{e}");
+}
