@@ -33,7 +33,9 @@ use plateau_engine::{
 use crate::cost::CostModel;
 use crate::faults::{Fault, FaultPlan, Shape};
 use crate::hash_model::HashBackend;
+use crate::heap;
 use crate::plan::{IterationPlan, CLIENTS};
+use crate::regions::Regions;
 use crate::report::{RunReport, Violation};
 use crate::spec::{ModelKind, RunSpec};
 use crate::trace::Trace;
@@ -108,8 +110,10 @@ struct NodeSlot {
     down: Down,
     /// Requests added to this incarnation and not yet ended: each must end exactly once.
     open: BTreeSet<RequestId>,
-    /// Decode side: pulls sent (request, handle, since ms).
-    pulls: BTreeMap<RequestId, (u64, u64)>,
+    /// Decode side: pulls ordered by the engine, queued for a region or sent.
+    pulls: BTreeMap<RequestId, PullState>,
+    /// Decode side: the transport's registered receive regions.
+    regions: Regions,
     /// Transfers served are this many times slower (slow-transfer fault).
     slowdown: u64,
 }
@@ -118,6 +122,16 @@ impl NodeSlot {
     fn busy(&self) -> bool {
         self.engine.as_ref().is_some_and(|e| e.has_unfinished() || e.held_transfers() > 0) || !self.pulls.is_empty()
     }
+}
+
+struct PullState {
+    handle: u64,
+    since_ms: u64,
+    /// Model-shaped bytes of the transfer.
+    bytes: u64,
+    region: Option<usize>,
+    /// Set while the pull waits for a free region.
+    queued: Option<PullOrder>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,13 +194,15 @@ impl World {
     fn event(&mut self, node: &str, what: std::fmt::Arguments) {
         let t = self.now_ms();
         crate::report::set_context(node, t);
-        self.trace.event(t, node, what);
+        heap::untagged(|| self.trace.event(t, node, what));
     }
 
     fn violate(&mut self, invariant: &'static str, node: &str, detail: String) {
         let t_ms = self.now_ms();
-        self.trace.event(t_ms, node, format_args!("VIOLATION {invariant}: {detail}"));
-        self.violations.push(Violation { invariant, node: node.to_string(), t_ms, detail });
+        heap::untagged(|| {
+            self.trace.event(t_ms, node, format_args!("VIOLATION {invariant}: {detail}"));
+            self.violations.push(Violation { invariant, node: node.to_string(), t_ms, detail });
+        });
     }
 
     fn node_name(&self, i: usize) -> String {
@@ -205,6 +221,7 @@ struct NodeSpec {
     cost: CostModel,
     kv_timeout_ms: u64,
     kv_bytes_per_token: u64,
+    regions: usize,
 }
 
 fn build_engine(ns: &NodeSpec, node: usize, role: Role) -> Result<Engine, String> {
@@ -248,6 +265,12 @@ async fn engine_node(world: Shared, ns: Arc<NodeSpec>, idx: usize) {
     let role = lock(&world).nodes[idx].role;
     {
         let mut w = lock(&world);
+        // The previous incarnation's memory went with its process.
+        drop(w.nodes[idx].engine.take());
+        w.nodes[idx].open.clear();
+        w.nodes[idx].pulls.clear();
+        heap::reset(idx);
+        let _tag = heap::enter(idx);
         let engine = build_engine(&ns, idx, role);
         let name = w.nodes[idx].name.clone();
         match engine {
@@ -257,6 +280,7 @@ async fn engine_node(world: Shared, ns: Arc<NodeSpec>, idx: usize) {
                 slot.incarnation += 1;
                 slot.open.clear();
                 slot.pulls.clear();
+                slot.regions = Regions::new(ns.regions, ns.spec.injections.on(plateau_engine::Injection::PdMmapHook));
                 slot.down = Down::Up;
                 let inc = slot.incarnation;
                 w.event(&name, format_args!("start incarnation {inc} as {role:?}"));
@@ -285,6 +309,7 @@ async fn engine_node(world: Shared, ns: Arc<NodeSpec>, idx: usize) {
         let mut transfers = Vec::new();
         let (work_ms, wait_ms) = {
             let mut w = lock(&world);
+            let _tag = heap::enter(idx);
             let mut inbox: Vec<Msg> = held_over.take().into_iter().collect();
             while let Ok(m) = rx.try_recv() {
                 inbox.push(m);
@@ -357,8 +382,11 @@ fn handle_engine_msg(
             transfers.push((decode, ms, Msg::KvData(order.request, order.handle, data)));
         }
         Msg::KvData(id, handle, result) => {
-            if slot.pulls.get(&id).is_some_and(|p| p.0 == handle) {
-                slot.pulls.remove(&id);
+            if slot.pulls.get(&id).is_some_and(|p| p.handle == handle && p.queued.is_none()) {
+                let p = slot.pulls.remove(&id).expect("looked up");
+                if let Some(r) = p.region {
+                    slot.regions.release(r);
+                }
                 engine.pull_done(id, result);
             }
         }
@@ -378,9 +406,12 @@ fn tick(w: &mut World, ns: &NodeSpec, idx: usize, out: &mut Vec<(usize, Msg)>) -
     let Some(engine) = slot.engine.as_mut() else { return (0, 1_000) };
     engine.advance_time(now);
     let expired: Vec<RequestId> =
-        slot.pulls.iter().filter(|(_, p)| p.1 + ns.kv_timeout_ms <= now).map(|(id, _)| *id).collect();
+        slot.pulls.iter().filter(|(_, p)| p.since_ms + ns.kv_timeout_ms <= now).map(|(id, _)| *id).collect();
     for id in &expired {
-        slot.pulls.remove(id);
+        let p = slot.pulls.remove(id).expect("listed");
+        if let Some(r) = p.region {
+            slot.regions.release(r);
+        }
         engine.pull_done(*id, Err(format!("KV pull timed out after {} ms", ns.kv_timeout_ms)));
     }
     let before = work_done(engine);
@@ -402,8 +433,17 @@ fn tick(w: &mut World, ns: &NodeSpec, idx: usize, out: &mut Vec<(usize, Msg)>) -
         }
         out.push((0, Msg::Output(o)));
     }
+    let block_bytes = engine.config().block_size as u64 * ns.kv_bytes_per_token;
     for order in engine.take_pull_orders() {
-        slot.pulls.insert(order.request, (order.handle, now));
+        let bytes = order.remote_blocks.len() as u64 * block_bytes;
+        let state = PullState { handle: order.handle, since_ms: now, bytes, region: None, queued: None };
+        slot.pulls.insert(order.request, PullState { queued: Some(order), ..state });
+    }
+    // Pulls go out in request order as regions free up.
+    for p in slot.pulls.values_mut().filter(|p| p.queued.is_some()) {
+        let Some(r) = slot.regions.acquire(p.bytes) else { break };
+        p.region = Some(r);
+        let order = p.queued.take().expect("filtered");
         out.push((order.engine_id as usize, Msg::Pull(order, idx)));
     }
     for n in engine.take_notices() {
@@ -414,7 +454,7 @@ fn tick(w: &mut World, ns: &NodeSpec, idx: usize, out: &mut Vec<(usize, Msg)>) -
         out.push((engine_id as usize, Msg::Release(request, aborted)));
     }
     let held = engine.held_transfers() > 0;
-    let pulls = slot.pulls.values().map(|p| p.1 + ns.kv_timeout_ms).min();
+    let pulls = slot.pulls.values().map(|p| p.since_ms + ns.kv_timeout_ms).min();
     for id in ended_twice {
         w.violate("request-ended-twice", &name, format!("request {id} came out of the engine but was not open"));
     }
@@ -630,19 +670,52 @@ async fn settle(world: &Shared, limit_ms: u64) {
     }
 }
 
+fn mapped_detail(mapped: u64, registered: u64) -> String {
+    format!(
+        "the kernel's view holds {mapped} bytes of transport mappings, the registration cache accounts for {registered}: {} bytes mapped outside any registry",
+        mapped.saturating_sub(registered)
+    )
+}
+
+/// The transport's figures, in the soak's names.
+fn transport_metrics(r: &Regions, pulls: usize) -> [Metric; 4] {
+    let m = |name: &str, kind, unit, value: u64| Metric { name: name.into(), kind, unit, value };
+    [
+        m(
+            "registry.transport.regions",
+            MetricKind::Bounded { capacity: r.capacity() as u64 },
+            "count",
+            r.registered() as u64,
+        ),
+        m("registry.transport.in_flight", MetricKind::PerRequest, "count", pulls as u64),
+        m("engine.transport_region_bytes", MetricKind::Gauge, "bytes", r.registered_bytes()),
+        m("proc.anon_transport_bytes", MetricKind::Gauge, "bytes", r.mapped_bytes()),
+    ]
+}
+
 /// Samples every idle node's registries, then runs the iteration's sleep phases on them.
 fn quiescent_point(world: &Shared, ns: &NodeSpec, iter: u64, sleeps: &[(u8, bool)]) {
     let mut w = lock(world);
     let t = w.now_ms() as f64 / 1000.0;
     let mut values = BTreeMap::new();
     let mut log = Vec::new();
-    for slot in w.nodes.iter_mut().skip(1) {
+    let mut mismatched = Vec::new();
+    for (k, slot) in w.nodes.iter_mut().enumerate().skip(1) {
         if slot.down != Down::Up || slot.busy() {
             continue;
         }
         let Some(e) = slot.engine.as_mut() else { continue };
-        for m in e.stats() {
+        let heap_bytes = Metric {
+            name: "heap.allocated".into(),
+            kind: MetricKind::Gauge,
+            unit: "bytes",
+            value: heap::live_bytes(k),
+        };
+        for m in e.stats().into_iter().chain(transport_metrics(&slot.regions, slot.pulls.len())).chain([heap_bytes]) {
             values.insert(format!("{}.{}", slot.name, m.name), (m.kind, m.unit, m.value));
+        }
+        if slot.regions.mapped_bytes() != slot.regions.registered_bytes() {
+            mismatched.push((slot.name.clone(), slot.regions.mapped_bytes(), slot.regions.registered_bytes()));
         }
         for &(level, update) in sleeps {
             let r = e.sleep(level).and_then(|()| {
@@ -656,6 +729,9 @@ fn quiescent_point(world: &Shared, ns: &NodeSpec, iter: u64, sleeps: &[(u8, bool
         }
     }
     w.samples.push((iter, t, values));
+    for (name, mapped, registered) in mismatched {
+        w.violate("mapped-outside-registries", &name, mapped_detail(mapped, registered));
+    }
     for (name, level, r) in log {
         match r {
             Ok(()) => w.event(&name, format_args!("sleep level {level} and wake at iteration {iter}")),
@@ -762,6 +838,13 @@ fn final_checks(w: &mut World, ns: &NodeSpec) {
                 ),
             ));
         }
+        if slot.regions.mapped_bytes() != slot.regions.registered_bytes() {
+            found.push((
+                "mapped-outside-registries",
+                slot.name.clone(),
+                mapped_detail(slot.regions.mapped_bytes(), slot.regions.registered_bytes()),
+            ));
+        }
         if !slot.pulls.is_empty() {
             found.push((
                 "transfer-outlived-timeout",
@@ -811,12 +894,14 @@ pub async fn run(
     let shape = (s.sim.prefill_nodes, s.sim.decode_nodes, s.sim.monolithic_nodes);
     let horizon_ms = spec.iterations * (s.sim.arrival_window_ms + 150);
     let engine_nodes = shape.0 + shape.1 + shape.2;
-    let plan = faults
-        .unwrap_or_else(|| FaultPlan::generate(spec.profile, Shape { engine_nodes, clients: CLIENTS, horizon_ms }, seed));
+    let plan = faults.unwrap_or_else(|| {
+        FaultPlan::generate(spec.profile, Shape { engine_nodes, clients: CLIENTS, horizon_ms }, seed)
+    });
     let ns = Arc::new(NodeSpec {
         cost: CostModel::new(s.sim.kv_bandwidth_mb_per_s),
         kv_bytes_per_token: model.kv_bytes_per_token() as u64,
         kv_timeout_ms,
+        regions: s.pd.as_ref().map_or(plateau_soak::scenario::PdSection::default().regions, |p| p.regions),
         seed,
         spec: spec.clone(),
     });
@@ -908,6 +993,7 @@ impl NodeSlot {
             down: Down::Up,
             open: BTreeSet::new(),
             pulls: BTreeMap::new(),
+            regions: Regions::new(1, false),
             slowdown: 1,
         }
     }

@@ -10,11 +10,19 @@ pub mod cost;
 pub mod faults;
 pub mod hash_model;
 pub mod plan;
+pub mod regions;
 pub mod report;
 pub mod spec;
 pub mod trace;
 
 #[cfg(madsim)]
 pub mod cluster;
+#[cfg(madsim)]
+pub mod heap;
+
+/// Every allocation in the simulation build is tagged with the node that made it (`heap`).
+#[cfg(madsim)]
+#[global_allocator]
+static GLOBAL: heap::TaggingAllocator = heap::TaggingAllocator;
 #[cfg(madsim)]
 pub mod runner;

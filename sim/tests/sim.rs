@@ -38,6 +38,7 @@ fn every_registry_injection_is_caught_naming_seed_and_invariant() {
         Injection::EncoderCacheAbort,
         Injection::PdPrefillHold,
         Injection::PdHandles,
+        Injection::PdMmapHook,
     ] {
         let s = spec("default", Injections::none().with(i));
         let caught = (0..20).map(|seed| run_seed(&s, seed, false)).find(|r| !r.passed());
@@ -46,6 +47,19 @@ fn every_registry_injection_is_caught_naming_seed_and_invariant() {
         assert!(line.starts_with(&format!("seed {}: FAIL ", r.seed)), "{line}");
         assert!(!r.violations[0].invariant.is_empty(), "{line}");
     }
+}
+
+/// A slow trend leak (a few hundred bytes per node per iteration) needs a long run without restarts
+/// to pass the soak detector's practical threshold; the same run clean passes.
+#[test]
+fn untracked_heap_shows_as_heap_growth_in_a_long_run() {
+    let long = |i: Injections| RunSpec::new(default_scenario(), Some("none"), i, ModelKind::Hash, Some(1000)).unwrap();
+    let r = run_seed(&long(Injections::none().with(Injection::UntrackedHeap)), 0, false);
+    let v = r.violations.first().unwrap_or_else(|| panic!("not caught: {}", r.line()));
+    assert_eq!(v.invariant, "memory-plateau", "{}", r.line());
+    assert!(v.detail.contains("heap.allocated"), "{}", r.line());
+    let clean = run_seed(&long(Injections::none()), 0, false);
+    assert!(clean.passed(), "{}", clean.line());
 }
 
 #[test]

@@ -1,0 +1,111 @@
+//! A decode node's registered receive regions for KV pulls, modelled with the kernel's view of
+//! them: the same registration cache as the soak's transport (`soak/src/pd/region.rs`), with
+//! mappings as byte counts instead of real mmaps.
+//!
+//! Lifecycle: a pull takes a region before it is sent (the most recently released one, remapped to
+//! the transfer's size when it differs, or a new mapping while under capacity; with every region in
+//! use the pull waits) and gives it back when its KV arrives, fails or times out.
+//!
+//! `mapped_bytes` is the simulated kernel's view: every anonymous mapping alive. Registered bytes
+//! are what the cache accounts for. They are equal unless a mapping escapes the cache: the
+//! `pd-mmap-hook` injection re-creates the incident's memory hook, which keeps the old mapping
+//! alive on every remap, so the kernel's view grows while the cache's stays flat.
+
+const PAGE: u64 = 4096;
+
+#[derive(Debug)]
+pub struct Regions {
+    capacity: usize,
+    /// Size in bytes of each registered region.
+    sizes: Vec<u64>,
+    /// Indexes of free regions, most recently released last.
+    free: Vec<usize>,
+    mapped_bytes: u64,
+    leak_on_remap: bool,
+}
+
+impl Regions {
+    pub fn new(capacity: usize, leak_on_remap: bool) -> Self {
+        assert!(capacity > 0, "a registration cache holds at least one region");
+        Regions { capacity, sizes: Vec::new(), free: Vec::new(), mapped_bytes: 0, leak_on_remap }
+    }
+
+    /// A region of at least `bytes`, or None while every region is in use.
+    pub fn acquire(&mut self, bytes: u64) -> Option<usize> {
+        let len = bytes.max(1).div_ceil(PAGE) * PAGE;
+        if let Some(idx) = self.free.pop() {
+            let old = self.sizes[idx];
+            if old != len {
+                // mremap: the old mapping goes away, unless a hook keeps it.
+                if !self.leak_on_remap {
+                    self.mapped_bytes -= old;
+                }
+                self.mapped_bytes += len;
+                self.sizes[idx] = len;
+            }
+            return Some(idx);
+        }
+        if self.sizes.len() == self.capacity {
+            return None;
+        }
+        self.sizes.push(len);
+        self.mapped_bytes += len;
+        Some(self.sizes.len() - 1)
+    }
+
+    pub fn release(&mut self, idx: usize) {
+        assert!(idx < self.sizes.len() && !self.free.contains(&idx), "region {idx} released twice");
+        self.free.push(idx);
+    }
+
+    pub fn registered(&self) -> usize {
+        self.sizes.len()
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn in_use(&self) -> usize {
+        self.sizes.len() - self.free.len()
+    }
+
+    pub fn registered_bytes(&self) -> u64 {
+        self.sizes.iter().sum()
+    }
+
+    pub fn mapped_bytes(&self) -> u64 {
+        self.mapped_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_is_bounded_and_its_mappings_are_accounted() {
+        let mut r = Regions::new(2, false);
+        let a = r.acquire(10_000).unwrap();
+        let b = r.acquire(5_000).unwrap();
+        assert_eq!(r.acquire(1), None);
+        r.release(a);
+        let c = r.acquire(50_000).unwrap();
+        assert_eq!(c, a);
+        r.release(b);
+        r.release(c);
+        assert_eq!(r.in_use(), 0);
+        assert_eq!(r.mapped_bytes(), r.registered_bytes());
+    }
+
+    #[test]
+    fn the_hook_keeps_every_remapped_mapping() {
+        let mut r = Regions::new(1, true);
+        for bytes in [8_000, 80_000, 8_000, 80_000] {
+            let i = r.acquire(bytes).unwrap();
+            r.release(i);
+        }
+        assert_eq!(r.registered_bytes(), 81_920);
+        assert_eq!(r.mapped_bytes(), 8_192 + 81_920 + 8_192 + 81_920);
+    }
+}
