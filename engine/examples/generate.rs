@@ -4,10 +4,10 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use plateau_engine::{tokenizer, Engine, EngineConfig, Request, SamplingParams, WeightSource};
+use plateau_engine::{tokenizer, EngineConfig, Request, SamplingParams, WeightSource};
 
 #[derive(Parser)]
-#[command(about = "Generate with the plateau engine (CPU backend)")]
+#[command(about = "Generate with the plateau engine on the CPU or a CUDA device; or save a preset's seeded weights")]
 struct Args {
     /// Prompt text (byte-level tokens).
     #[arg(long)]
@@ -33,16 +33,53 @@ struct Args {
     /// Load weights from a Hugging Face Llama directory instead of a preset.
     #[arg(long)]
     weights: Option<std::path::PathBuf>,
+    /// Seed of the preset's weights.
+    #[arg(long, default_value_t = 0)]
+    weights_seed: u64,
+    /// cpu, cuda (exit 2 without a usable device) or auto (cuda when usable).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Element type on the cuda backend: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Write the model's weights as a Hugging Face directory (config.json, model.safetensors) and
+    /// exit: transformers loads exactly the weights the engine runs.
+    #[arg(long)]
+    save_weights: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
     let a = Args::parse();
     let model = match a.weights {
         Some(dir) => WeightSource::Dir(dir),
-        None => WeightSource::Preset { name: a.preset, seed: 0 },
+        None => WeightSource::Preset { name: a.preset, seed: a.weights_seed },
     };
+    let dtype = match plateau_engine::model::cuda::DType::parse(&a.dtype) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("generate: --dtype: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(dir) = &a.save_weights {
+        return match model.load().and_then(|w| w.save_dir(dir)) {
+            Ok(()) => {
+                println!("saved the weights to {}", dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("generate: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    if let Err(e) = plateau_engine::model::cuda::resolve(&a.backend) {
+        eprintln!("generate: {e}");
+        return ExitCode::from(2);
+    }
     let run = || -> Result<(), plateau_engine::EngineError> {
-        let mut engine = Engine::new(EngineConfig { model, ..EngineConfig::default() })?;
+        let config = EngineConfig { model, ..EngineConfig::default() };
+        let mut engine = plateau_engine::model::cuda::engine_on(&a.backend, config, dtype)?;
         let params = SamplingParams {
             n: a.n,
             max_tokens: a.max_tokens,

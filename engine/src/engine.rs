@@ -868,6 +868,7 @@ impl Engine {
         ] {
             m.push(count(name, MetricKind::Counter, v));
         }
+        m.extend(self.backend.device_metrics());
         m
     }
 

@@ -9,6 +9,7 @@ use plateau_reports::{Header, Kind, MetricSpec, Row, Samples, SAMPLES_SCHEMA};
 use plateau_soak::detector::{analyze, DetectorConfig};
 
 use crate::spec::RunSpec;
+#[cfg(madsim)]
 use crate::trace::Trace;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -96,18 +96,21 @@ pub struct AbortCounts {
 /// Builds the engine a scenario describes.
 pub fn build_engine(s: &Scenario, backend: &str, injections: Injections, seed: u64) -> Result<Engine, RunError> {
     let config = engine_config(s, backend, injections, seed)?;
-    Engine::new(config).map_err(|err| RunError::Input(format!("engine: {err}")))
+    let dtype = plateau_engine::model::cuda::DType::parse(&s.engine.dtype).map_err(RunError::Input)?;
+    resolve_backend(backend)?;
+    plateau_engine::model::cuda::engine_on(backend, config, dtype)
+        .map_err(|err| RunError::Input(format!("engine: {err}")))
 }
 
-/// The engine configuration a scenario describes, on a backend this build has.
+/// `cpu`, `cuda` (a usable device, or bad input naming what is missing) or `auto`.
+pub fn resolve_backend(backend: &str) -> Result<&'static str, RunError> {
+    plateau_engine::model::cuda::resolve(backend).map_err(RunError::Input)
+}
+
+/// The engine configuration a scenario describes.
 pub fn engine_config(s: &Scenario, backend: &str, injections: Injections, seed: u64) -> Result<EngineConfig, RunError> {
-    match backend {
-        "cpu" | "auto" => {}
-        "cuda" => return Err(RunError::Input(
-            "backend cuda: no CUDA backend in this build (the CUDA backend is not implemented yet); use --backend cpu"
-                .into(),
-        )),
-        other => return Err(RunError::Input(format!("backend `{other}` is not one of cpu, cuda, auto"))),
+    if !["cpu", "cuda", "auto"].contains(&backend) {
+        return Err(RunError::Input(format!("backend `{backend}` is not one of cpu, cuda, auto")));
     }
     Ok(s.engine.to_config(injections, seed))
 }
@@ -122,6 +125,11 @@ pub fn build_system(
 ) -> Result<Box<dyn System>, RunError> {
     let Some(pd) = &s.pd else { return Ok(Box::new(build_engine(s, backend, injections, seed)?)) };
     if pd.mode == PdMode::Processes {
+        if resolve_backend(backend)? != "cpu" {
+            return Err(RunError::Input(
+                "[pd] mode = \"processes\" runs its nodes on the cpu backend; use --backend cpu".into(),
+            ));
+        }
         let mut config = engine_config(s, backend, injections.clone(), seed)?;
         config.kv_transfer_timeout_ms = pd.kv_transfer_timeout_ms;
         let spec = crate::pd::remote::NodeSpec {

@@ -45,6 +45,8 @@ pub struct EngineSection {
     pub weights: Option<PathBuf>,
     pub weights_seed: u64,
     pub backend: String,
+    /// Weights, activations and KV cache on the cuda backend: "f32" or "bf16" (cpu: f32 only).
+    pub dtype: String,
     pub block_size: usize,
     pub num_kv_blocks: usize,
     pub max_num_seqs: usize,
@@ -74,6 +76,7 @@ impl Default for EngineSection {
             weights: None,
             weights_seed: 0,
             backend: "cpu".into(),
+            dtype: "f32".into(),
             block_size: e.block_size,
             num_kv_blocks: e.num_kv_blocks,
             max_num_seqs: e.max_num_seqs,
@@ -437,6 +440,9 @@ impl Scenario {
         let e = &self.engine;
         if !["cpu", "cuda", "auto"].contains(&e.backend.as_str()) {
             return fail(eng("backend"), format!("`{}` is not one of cpu, cuda, auto", e.backend));
+        }
+        if !["f32", "bf16"].contains(&e.dtype.as_str()) {
+            return fail(eng("dtype"), format!("`{}` is not one of f32, bf16", e.dtype));
         }
         if e.weights.is_none() {
             if let Err(err) = plateau_engine::ModelConfig::preset(&e.preset) {

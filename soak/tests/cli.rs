@@ -165,9 +165,17 @@ fn usage_and_scenario_errors_exit_2_with_a_clear_message() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("registry-retains-finished"), "known injections listed: {}", stderr(&o));
 
-    let o = plateau(&["run", "n-sampling", "--iterations", "2", "--backend", "cuda", "--out", d.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).to_lowercase().contains("cuda") && !stderr(&o).contains("panicked"));
+    // Without a usable CUDA device (CI), --backend cuda is bad input naming what is missing.
+    if plateau_engine::model::cuda::probe().is_err() {
+        let o = plateau(&["run", "n-sampling", "--iterations", "2", "--backend", "cuda", "--out", d.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2));
+        let err = stderr(&o);
+        assert!(err.contains("backend cuda: no CUDA driver found") && !err.contains("panicked"), "{err}");
+        let o = plateau(&["run", "n-sampling", "--iterations", "2", "--backend", "auto", "--out", d.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(0), "auto falls back to cpu: {}", stderr(&o));
+    } else {
+        eprintln!("skipped the no-CUDA checks: a CUDA device is present");
+    }
 }
 
 #[test]

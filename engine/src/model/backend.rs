@@ -55,4 +55,8 @@ pub trait Backend: Send {
     /// Runs the vision encoder on one image: `num_tokens` rows of the hidden size.
     fn encode_image(&mut self, pixels: &crate::multimodal::image::PixelTensor) -> Result<Vec<f32>>;
     fn memory(&self) -> BackendMemory;
+    /// Device figures beyond `memory` (a GPU backend's allocator by category, the driver's view).
+    fn device_metrics(&self) -> Vec<crate::registry::Metric> {
+        Vec::new()
+    }
 }

@@ -3,5 +3,6 @@
 pub mod backend;
 pub mod config;
 pub mod cpu;
+pub mod cuda;
 pub mod vision;
 pub mod weights;

@@ -1,0 +1,108 @@
+//! The project's CUDA kernels (`kernels.cu`), compiled with NVRTC for the device's architecture
+//! when a CUDA backend starts, and launched by name and element type.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
+
+use super::device::driver_err;
+use super::DType;
+use crate::error::{EngineError, Result};
+
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+const NAMES: [&str; 13] = [
+    "embed",
+    "set_rows",
+    "rmsnorm",
+    "rope",
+    "store_kv",
+    "attention",
+    "silu_mul",
+    "add",
+    "copy_blocks",
+    "gather_blocks",
+    "scatter_blocks",
+    "to_f32",
+    "from_f32",
+];
+
+/// A kernel argument: device address, 32-bit or 64-bit integer, float.
+#[derive(Debug, Clone, Copy)]
+pub enum Arg {
+    P(u64),
+    I(i32),
+    L(i64),
+    F(f32),
+}
+
+pub struct Kernels {
+    stream: Arc<CudaStream>,
+    funcs: BTreeMap<String, CudaFunction>,
+}
+
+impl Kernels {
+    pub fn compile(ctx: &Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Kernels> {
+        let (major, minor) = ctx.compute_capability().map_err(driver_err)?;
+        let opts = CompileOptions {
+            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+            name: Some("kernels.cu".into()),
+            ..Default::default()
+        };
+        let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| match e {
+            CompileError::CompileError { log, .. } => EngineError::Backend(format!(
+                "NVRTC could not compile engine/src/model/cuda/kernels.cu:\n{}",
+                log.to_string_lossy()
+            )),
+            other => EngineError::Backend(format!("NVRTC failed on kernels.cu: {other:?}")),
+        })?;
+        let module = ctx.load_module(ptx).map_err(driver_err)?;
+        let mut funcs = BTreeMap::new();
+        for name in NAMES {
+            for dtype in [DType::F32, DType::Bf16] {
+                let full = format!("{name}_{}", dtype.suffix());
+                let f = module
+                    .load_function(&full)
+                    .map_err(|e| EngineError::Backend(format!("kernel {full} is not in the compiled module: {e}")))?;
+                funcs.insert(full, f);
+            }
+        }
+        Ok(Kernels { stream, funcs })
+    }
+
+    /// Launches `name` for `dtype` on the backend's stream.
+    pub fn launch(&self, name: &str, dtype: DType, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+        let full = format!("{name}_{}", dtype.suffix());
+        let f = self.funcs.get(&full).ok_or_else(|| EngineError::Backend(format!("no kernel {full}")))?;
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::P(x) => b.arg(x),
+                Arg::I(x) => b.arg(x),
+                Arg::L(x) => b.arg(x),
+                Arg::F(x) => b.arg(x),
+            };
+        }
+        // SAFETY: every kernel's parameter list matches the argument kinds its callers pass (see
+        // kernels.cu), and every address is a live buffer of the allocator of the right size.
+        unsafe { b.launch(cfg) }.map_err(|e| EngineError::Backend(format!("kernel {full}: {e}")))?;
+        Ok(())
+    }
+}
+
+/// A 1-D launch of `blocks` blocks of `threads` threads (rounded up to a whole warp).
+pub fn cfg(blocks: (u32, u32), threads: u32, shared_bytes: u32) -> LaunchConfig {
+    let threads = threads.clamp(32, 1024).div_ceil(32) * 32;
+    LaunchConfig {
+        grid_dim: (blocks.0.max(1), blocks.1.max(1), 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared_bytes,
+    }
+}
+
+/// A grid-stride elementwise launch over `n` elements.
+pub fn elementwise(n: usize) -> LaunchConfig {
+    cfg(((n.div_ceil(256)).min(65_535) as u32, 1), 256, 0)
+}
