@@ -38,5 +38,9 @@ sim *ARGS:
 sim-test:
     RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/madsim cargo test --release -p plateau-sim
 
+# The CUDA checks: build here, then run scripts/gpu-check.sh OUT_DIR on the GPU machine with gpu-bin/.
+gpu-bin:
+    scripts/build-gpu-bin.sh
+
 generate *ARGS:
     cargo run --release -p plateau-engine --example generate -- {{ARGS}}
