@@ -96,7 +96,7 @@ for r in t.get("decode", []):
     bad |= not ok
     print(f"{'decode bf16 batch ' + str(r['batch']):<40} {'ok' if ok else 'FAIL':<5} {r['decode_tok_s']:.0f} tok/s; transformers {hf or float('nan'):.0f} ({speed:.1f}x); step {r['step_ms']:.2f} ms vs bound {r['bound_ms']:.2f} ms ({r['ratio_to_bound']:.2f}x)")
 if "prefill_tok_s" in t:
-    print(f"{'prefill bf16 2048 tokens':<40} {'info':<5} {t['prefill_tok_s']:.0f} tok/s; {t['prefill_ms']:.1f} ms vs matmul bound {t['prefill_matmul_bound_ms']:.2f} ms; copy bandwidth {t['copy_bandwidth_gb_s']:.0f} GB/s")
+    print(f"{'prefill bf16 ' + str(int(t['prefill_tokens'])) + ' tokens':<40} {'info':<5} {t['prefill_tok_s']:.0f} tok/s; {t['prefill_ms']:.1f} ms vs matmul bound {t['prefill_matmul_bound_ms']:.2f} ms; copy bandwidth {t['copy_bandwidth_gb_s']:.0f} GB/s")
 else:
     print(f"{'throughput':<40} FAIL  {t}")
     bad = True

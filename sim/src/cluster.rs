@@ -116,6 +116,8 @@ struct NodeSlot {
     regions: Regions,
     /// Transfers served are this many times slower (slow-transfer fault).
     slowdown: u64,
+    /// When the node last came up (started, restarted, resumed), in simulated ms.
+    up_since_ms: u64,
 }
 
 impl NodeSlot {
@@ -273,6 +275,7 @@ async fn engine_node(world: Shared, ns: Arc<NodeSpec>, idx: usize) {
         let _tag = heap::enter(idx);
         let engine = build_engine(&ns, idx, role);
         let name = w.nodes[idx].name.clone();
+        let now = w.now_ms();
         match engine {
             Ok(e) => {
                 let slot = &mut w.nodes[idx];
@@ -282,6 +285,7 @@ async fn engine_node(world: Shared, ns: Arc<NodeSpec>, idx: usize) {
                 slot.pulls.clear();
                 slot.regions = Regions::new(ns.regions, ns.spec.injections.on(plateau_engine::Injection::PdMmapHook));
                 slot.down = Down::Up;
+                slot.up_since_ms = now;
                 let inc = slot.incarnation;
                 w.event(&name, format_args!("start incarnation {inc} as {role:?}"));
             }
@@ -613,8 +617,8 @@ async fn client(world: Shared, ns: Arc<NodeSpec>, plans: Vec<IterationPlan>) {
             let until_next = actions.get(next).map_or(POLL_MS, |a| a.0.saturating_sub(now).clamp(1, POLL_MS));
             sleep(Duration::from_millis(until_next)).await;
         }
-        settle(&world, ns.kv_timeout_ms + 200).await;
-        quiescent_point(&world, &ns, iter as u64 + 1, &plan.sleeps);
+        let since = settle(&world, ns.kv_timeout_ms + 200).await;
+        quiescent_point(&world, &ns, iter as u64 + 1, &plan.sleeps, since);
     }
 }
 
@@ -656,7 +660,8 @@ fn disconnect(w: &mut World, client: u32) -> Vec<(usize, Msg)> {
 }
 
 /// Waits until no engine node that is up has work, held KV or pulls, at most `limit_ms`.
-async fn settle(world: &Shared, limit_ms: u64) {
+/// Returns when it started.
+async fn settle(world: &Shared, limit_ms: u64) -> u64 {
     let start = lock(world).now_ms();
     loop {
         let (busy, now) = {
@@ -664,7 +669,7 @@ async fn settle(world: &Shared, limit_ms: u64) {
             (w.nodes.iter().skip(1).any(|n| n.down == Down::Up && n.busy()), w.now_ms())
         };
         if !busy || now >= start + limit_ms {
-            return;
+            return start;
         }
         sleep(Duration::from_millis(POLL_MS)).await;
     }
@@ -693,10 +698,29 @@ fn transport_metrics(r: &Regions, pulls: usize) -> [Metric; 4] {
     ]
 }
 
-/// Samples every idle node's registries, then runs the iteration's sleep phases on them.
-fn quiescent_point(world: &Shared, ns: &NodeSpec, iter: u64, sleeps: &[(u8, bool)]) {
+/// Samples every idle node's registries, then runs the iteration's sleep phases on them. A node
+/// that was up through the whole settling (from `since`, longer than the KV timeout) and still
+/// holds transfers kept them past their timeout.
+fn quiescent_point(world: &Shared, ns: &NodeSpec, iter: u64, sleeps: &[(u8, bool)], since: u64) {
     let mut w = lock(world);
     let t = w.now_ms() as f64 / 1000.0;
+    let settled_fully = w.now_ms() >= since + ns.kv_timeout_ms + 200;
+    let overdue: Vec<(String, usize)> = w
+        .nodes
+        .iter()
+        .skip(1)
+        .filter(|n| settled_fully && n.down == Down::Up && n.up_since_ms <= since)
+        .filter_map(|n| n.engine.as_ref().map(|e| (n.name.clone(), e.held_transfers())))
+        .filter(|(_, held)| *held > 0)
+        .collect();
+    for (name, held) in overdue {
+        let detail = format!(
+            "{held} transfers still hold KV after {} ms of settling (timeout {} ms)",
+            ns.kv_timeout_ms + 200,
+            ns.kv_timeout_ms
+        );
+        w.violate("transfer-outlived-timeout", &name, detail);
+    }
     let mut values = BTreeMap::new();
     let mut log = Vec::new();
     let mut mismatched = Vec::new();
@@ -761,6 +785,7 @@ fn apply_fault(w: &mut World, f: &Fault, ids: &[madsim::task::NodeId]) -> Vec<(u
         Fault::Resume(n) => {
             h.resume(ids[n]);
             w.nodes[n].down = Down::Up;
+            w.nodes[n].up_since_ms = w.now_ms();
         }
         Fault::ClogNode(n) => net.clog_node(ids[n]),
         Fault::UnclogNode(n) => net.unclog_node(ids[n]),
@@ -971,7 +996,7 @@ pub async fn run(
             apply_fault(&mut w, f, &ids);
         }
     }
-    settle(&world, kv_timeout_ms + 200).await;
+    let _ = settle(&world, kv_timeout_ms + 200).await;
     sleep(Duration::from_millis(kv_timeout_ms + 200)).await;
     let mut guard = lock(&world);
     let w: &mut World = &mut guard;
@@ -995,6 +1020,7 @@ impl NodeSlot {
             pulls: BTreeMap::new(),
             regions: Regions::new(1, false),
             slowdown: 1,
+            up_since_ms: 0,
         }
     }
 }

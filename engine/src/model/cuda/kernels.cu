@@ -6,6 +6,8 @@
 
 typedef unsigned short bf16;
 typedef unsigned long long u64;
+// NVRTC compiles without the C headers, so infinity is spelled out.
+#define PLATEAU_INF __int_as_float(0x7f800000)
 
 __device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
 __device__ __forceinline__ float ld(const bf16* p, long long i) { return __uint_as_float(((unsigned int)p[i]) << 16); }
@@ -17,26 +19,20 @@ __device__ __forceinline__ void st(bf16* p, long long i, float v) {
     p[i] = (bf16)(u >> 16);
 }
 
-__device__ float block_sum(float v, float* shared) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+// Block-wide reductions through shared memory, pairwise in a fixed order (deterministic, and
+// correct for any block size up to 1024). Every thread of the block must call them.
+__device__ float block_reduce(float v, bool is_max) {
+    __shared__ float buf[1024];
     __syncthreads();
-    if (lane == 0) shared[warp] = v;
+    buf[threadIdx.x] = v;
     __syncthreads();
-    float t = 0.0f;
-    for (int w = 0; w < warps; ++w) t += shared[w];
-    return t;
-}
-
-__device__ float block_max(float v, float* shared) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    float t = -INFINITY;
-    for (int w = 0; w < warps; ++w) t = fmaxf(t, shared[w]);
-    return t;
+    for (unsigned int stride = 1; stride < blockDim.x; stride *= 2) {
+        unsigned int i = threadIdx.x;
+        if (i % (2 * stride) == 0 && i + stride < blockDim.x)
+            buf[i] = is_max ? fmaxf(buf[i], buf[i + stride]) : buf[i] + buf[i + stride];
+        __syncthreads();
+    }
+    return buf[0];
 }
 
 // out[t] = table[tokens[t]], one block per token.
@@ -53,12 +49,11 @@ template <typename T> __device__ void set_rows(T* x, const float* src, const int
 
 // out[r] = x[row] / rms(x[row]) * w, row = rows ? rows[r] : r. One block per output row.
 template <typename T> __device__ void rmsnorm(const T* x, const int* rows, const T* w, T* out, int hidden, float eps) {
-    __shared__ float shared[32];
     long long row = rows ? rows[blockIdx.x] : blockIdx.x;
     const long long in = row * hidden, o = (long long)blockIdx.x * hidden;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) { float v = ld(x, in + i); ss += v * v; }
-    float total = block_sum(ss, shared);
+    float total = block_reduce(ss, false);
     float r = 1.0f / sqrtf(total / hidden + eps);
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) st(out, o + i, ld(x, in + i) * r * ld(w, i));
 }
@@ -91,8 +86,11 @@ template <typename T> __device__ void store_kv(const T* k, const T* v, T* kc, T*
 template <typename T> __device__ void attention(const T* q, const T* kc, const T* vc, T* out, const int* tok_seq,
                                                 const int* tok_pos, const int* tables, int max_blocks, int bs, int nh,
                                                 int nkv, int hd, float scale) {
+#ifndef PLATEAU_EMULATED
     extern __shared__ float smem[];
-    __shared__ float red[32];
+#else
+    float* smem = plateau_emulated_smem; // engine/tests/kernels_emulated: the host emulation
+#endif
     float* qs = smem;
     float* scores = smem + hd;
     int t = blockIdx.x, h = blockIdx.y, g = h / (nh / nkv);
@@ -101,7 +99,7 @@ template <typename T> __device__ void attention(const T* q, const T* kc, const T
     long long qoff = (long long)t * nh * hd + (long long)h * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = ld(q, qoff + d);
     __syncthreads();
-    float local_max = -INFINITY;
+    float local_max = -PLATEAU_INF;
     for (int p = threadIdx.x; p < n_ctx; p += blockDim.x) {
         long long slot = (long long)table[p / bs] * bs + p % bs;
         long long koff = slot * kvd + (long long)g * hd;
@@ -111,10 +109,10 @@ template <typename T> __device__ void attention(const T* q, const T* kc, const T
         scores[p] = s;
         local_max = fmaxf(local_max, s);
     }
-    float m = block_max(local_max, red);
+    float m = block_reduce(local_max, true);
     float local_sum = 0.0f;
     for (int p = threadIdx.x; p < n_ctx; p += blockDim.x) { float e = expf(scores[p] - m); scores[p] = e; local_sum += e; }
-    float inv = 1.0f / block_sum(local_sum, red);
+    float inv = 1.0f / block_reduce(local_sum, false);
     __syncthreads();
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;

@@ -1,0 +1,30 @@
+//! The CUDA kernels, emulated on the host: `kernels_emulated/harness.cpp` compiles kernels.cu with
+//! g++ (CUDA built-ins as plain C++, each block's threads as OS threads meeting at a barrier) and
+//! runs a two-layer model through them the way the backend does: chunked prefill and decode over
+//! block tables, f32 and bf16, against a double-precision reference; and the KV block kernels.
+//! It checks the kernels' indexing and arithmetic without a GPU; it cannot see what only a GPU
+//! shows (warp scheduling, memory model, launch limits): scripts/gpu-check.sh covers those.
+
+use std::io::Write;
+use std::process::Command;
+
+#[test]
+fn kernels_match_the_reference_in_host_emulation() {
+    let dir = std::env::temp_dir().join(format!("plateau-kernels-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("harness");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kernels_emulated/harness.cpp");
+    let built = Command::new("g++").args(["-O2", "-std=c++20", "-pthread", "-o"]).arg(&exe).arg(src).output();
+    let built = match built {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "kernel emulation skipped: no g++ ({e})");
+            return;
+        }
+    };
+    assert!(built.status.success(), "harness.cpp does not compile:\n{}", String::from_utf8_lossy(&built.stderr));
+    let run = Command::new(&exe).args(["1", "8"]).output().unwrap();
+    let out = String::from_utf8_lossy(&run.stdout);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(run.status.success() && out.contains("PASS"), "{out}");
+}
