@@ -33,7 +33,8 @@ if ! "$BIN/gpu_check" parity --help > /dev/null 2>&1; then
   echo "gpu-check: $BIN/gpu_check is missing: run scripts/build-gpu-bin.sh first" >&2
   exit 2
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>/dev/null \
+  || echo "a CUDA device (nvidia-smi unavailable)" > "$OUT/gpu.txt"
 
 # 1. Parity with the CPU backend (tiny preset), f32 and bf16; the f32 run dumps logits for transformers.
 c=$(run parity-f32 120 "$BIN/gpu_check" parity --dtype f32 --dump "$OUT/parity-f32.json")
