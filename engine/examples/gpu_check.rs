@@ -164,11 +164,10 @@ fn engine_on_cuda(
         num_kv_blocks: blocks,
         max_num_batched_tokens: batched,
         max_num_seqs: 128,
-        injections: injections.clone(),
+        injections,
         ..EngineConfig::default()
     };
-    let b = CudaBackend::new(config.model.load()?, dtype, injections)?;
-    Engine::with_backend(config, Box::new(b))
+    plateau_engine::model::cuda::engine_on("cuda", config, dtype)
 }
 
 fn gauge(e: &Engine, name: &str) -> u64 {
@@ -278,11 +277,11 @@ fn throughput(preset: &str, dtype: DType, batches: &[usize], context: usize) -> 
             if !e.has_unfinished() {
                 break;
             }
-            let before = gauge(&e, "engine.prompt_tokens_computed");
+            let before = e.tokens_computed().0;
             let t0 = Instant::now();
             e.step().map_err(|e| e.to_string())?;
             let dt = t0.elapsed().as_secs_f64();
-            if gauge(&e, "engine.prompt_tokens_computed") == before && step > 0 {
+            if e.tokens_computed().0 == before && step > 0 {
                 times.push(dt);
             }
         }

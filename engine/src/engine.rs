@@ -485,6 +485,12 @@ impl Engine {
         self.waiting.len() + self.running.len() + self.pd.waiting_for_kv.len()
     }
 
+    /// Prompt tokens computed and tokens generated so far: what a shell's cost model charges a
+    /// step for (the difference across it), without building `stats()`.
+    pub fn tokens_computed(&self) -> (u64, u64) {
+        (self.counters.prompt_tokens_computed, self.counters.tokens_generated)
+    }
+
     /// One engine step: schedule, compute, sample, finish. Returns the requests that ended.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
         if self.asleep.is_none() && !self.pd.waiting_for_kv.is_empty() {

@@ -108,6 +108,17 @@ impl Injections {
     pub fn iter(&self) -> impl Iterator<Item = Injection> + '_ {
         self.0.iter().copied()
     }
+
+    /// Releases a backend's KV pool (sleep): it is dropped, or, with `sleep-keeps-kv`, kept in
+    /// `kept`, where it stays beside the pool that wake allocates. Every backend releases through
+    /// this, so the injection has one structure on the CPU, the GPU and in the simulator.
+    pub fn release_pool<P>(&self, pool: &mut Option<P>, kept: &mut Vec<P>) {
+        if let Some(p) = pool.take() {
+            if self.on(Injection::SleepKeepsKv) {
+                kept.push(p);
+            }
+        }
+    }
 }
 
 impl FromIterator<Injection> for Injections {

@@ -82,6 +82,23 @@ impl Fault {
                 | Fault::SlowTransfers(_, 1)
         )
     }
+
+    /// The event that ends this one's episode (None for an end, and for a disconnect).
+    pub fn undo(&self) -> Option<Fault> {
+        if self.is_end() {
+            return None;
+        }
+        Some(match *self {
+            Fault::Kill(n) => Fault::Restart(n),
+            Fault::Pause(n) => Fault::Resume(n),
+            Fault::ClogNode(n) => Fault::UnclogNode(n),
+            Fault::ClogLink(a, b) => Fault::UnclogLink(a, b),
+            Fault::PacketLoss(_) => Fault::PacketLoss(0),
+            Fault::Latency(_) => Fault::Latency(None),
+            Fault::SlowTransfers(n, _) => Fault::SlowTransfers(n, 1),
+            _ => return None,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,17 +147,17 @@ impl FaultPlan {
             let end = start + 20 + length % (shape.horizon_ms / 4).max(1);
             let node = 1 + (node % shape.engine_nodes.max(1) as u64) as usize;
             let other = (other % (shape.engine_nodes as u64 + 1)) as usize;
-            let (slot, begin, finish) = match kind % 9 {
-                0 | 1 => (node, Fault::Kill(node), Fault::Restart(node)),
-                2 => (node, Fault::Pause(node), Fault::Resume(node)),
-                3 => (node, Fault::ClogNode(node), Fault::UnclogNode(node)),
-                4 if other != node => (node, Fault::ClogLink(node, other), Fault::UnclogLink(node, other)),
-                5 => (0, Fault::PacketLoss(10 + (strength % 90) as u32), Fault::PacketLoss(0)),
+            let (slot, begin) = match kind % 9 {
+                0 | 1 => (node, Fault::Kill(node)),
+                2 => (node, Fault::Pause(node)),
+                3 => (node, Fault::ClogNode(node)),
+                4 if other != node => (node, Fault::ClogLink(node, other)),
+                5 => (0, Fault::PacketLoss(10 + (strength % 90) as u32)),
                 6 => {
                     let min = 5 + strength % 20;
-                    (0, Fault::Latency(Some((min, min + 10 + strength % 80))), Fault::Latency(None))
+                    (0, Fault::Latency(Some((min, min + 10 + strength % 80))))
                 }
-                7 => (node, Fault::SlowTransfers(node, 10 + strength % 90), Fault::SlowTransfers(node, 1)),
+                7 => (node, Fault::SlowTransfers(node, 10 + strength % 90)),
                 8 if shape.clients > 0 => {
                     let c = (strength % u64::from(shape.clients)) as u32;
                     plan.events.push(Scheduled { at_ms: start, fault: Fault::Disconnect(c) });
@@ -153,6 +170,7 @@ impl FaultPlan {
                 continue;
             }
             busy[slot].push((start, end));
+            let finish = begin.undo().expect("every episode but a disconnect has an end");
             plan.events.push(Scheduled { at_ms: start, fault: begin });
             plan.events.push(Scheduled { at_ms: end, fault: finish });
             episodes += 1;

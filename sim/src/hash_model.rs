@@ -8,14 +8,14 @@
 //! it was written changes the tokens, exactly as it would with a real model. Transferred KV is a
 //! slot hash split into three exact 24-bit integers per slot; `write_kv` refuses anything else.
 //!
-//! It honours the backend-side injection (`sleep-keeps-kv`) the way the CPU backend does: the
-//! released pool is kept, and wake allocates a new one beside it.
+//! It releases its KV pool through `Injections::release_pool`, like every backend, so
+//! `sleep-keeps-kv` keeps the pool here as it does on the CPU and the GPU.
 
 use plateau_engine::block_pool::BlockId;
 use plateau_engine::model::backend::{Backend, BackendMemory, ForwardBatch};
 use plateau_engine::model::vision;
 use plateau_engine::multimodal::image::PixelTensor;
-use plateau_engine::{EngineError, Injection, Injections, ModelConfig, ModelWeights};
+use plateau_engine::{EngineError, Injections, ModelConfig, ModelWeights};
 
 type Result<T> = std::result::Result<T, EngineError>;
 
@@ -93,11 +93,7 @@ impl Backend for HashBackend {
     }
 
     fn release_kv(&mut self) {
-        if let Some(pool) = self.kv.take() {
-            if self.injections.on(Injection::SleepKeepsKv) {
-                self.kept_kv.push(pool);
-            }
-        }
+        self.injections.release_pool(&mut self.kv, &mut self.kept_kv);
     }
 
     fn load_weights(&mut self, weights: ModelWeights) -> Result<()> {
@@ -211,6 +207,7 @@ impl Backend for HashBackend {
 mod tests {
     use super::*;
     use plateau_engine::model::backend::SeqChunk;
+    use plateau_engine::Injection;
 
     fn backend() -> HashBackend {
         let mut b = HashBackend::new(ModelConfig::preset("tiny").unwrap(), Injections::none());

@@ -4,9 +4,9 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use plateau_engine::MetricKind;
-use plateau_reports::{Header, Kind, MetricSpec, Row, Samples, SAMPLES_SCHEMA};
-use plateau_soak::detector::{analyze, DetectorConfig};
+use plateau_engine::Metric;
+use plateau_reports::{Header, Kind, Row, Samples, SAMPLES_SCHEMA};
+use plateau_soak::detector::{analyze, spec_of, DetectorConfig};
 
 use crate::spec::RunSpec;
 #[cfg(madsim)]
@@ -38,8 +38,8 @@ pub struct RunReport {
     pub trace_lines: Vec<String>,
 }
 
-/// Quiescent samples: (iteration, seconds, node-prefixed metric -> (kind, unit, value)).
-pub type QuiescentSamples = Vec<(u64, f64, BTreeMap<String, (MetricKind, &'static str, u64)>)>;
+/// Quiescent samples: (iteration, seconds, metrics by node-prefixed name).
+pub type QuiescentSamples = Vec<(u64, f64, BTreeMap<String, Metric>)>;
 
 impl RunReport {
     #[cfg(madsim)]
@@ -74,14 +74,8 @@ impl RunReport {
     pub fn judge_samples(&mut self, spec: &RunSpec, samples: QuiescentSamples) {
         let mut metrics = BTreeMap::new();
         for (_, _, values) in &samples {
-            for (name, (kind, unit, _)) in values {
-                let (kind, capacity) = match kind {
-                    MetricKind::Gauge => (Kind::Gauge, None),
-                    MetricKind::PerRequest => (Kind::PerRequest, None),
-                    MetricKind::Bounded { capacity } => (Kind::Bounded, Some(*capacity)),
-                    MetricKind::Counter => (Kind::Counter, None),
-                };
-                metrics.insert(name.clone(), MetricSpec { kind, unit: unit.to_string(), capacity });
+            for (name, m) in values {
+                metrics.insert(name.clone(), spec_of(m));
             }
         }
         let names: Vec<String> = metrics.keys().cloned().collect();
@@ -91,23 +85,23 @@ impl RunReport {
                 t: *t,
                 iter: *iter,
                 quiescent: true,
-                values: names.iter().map(|n| values.get(n).map(|v| v.2 as f64)).collect(),
+                values: names.iter().map(|n| values.get(n).map(|m| m.value as f64)).collect(),
             })
             .collect();
+        // Registries are judged from the first quiescent point; gauges (heap, mappings) after the
+        // soak's warm-up (a quarter of the run at most) with the soak's thresholds, so a slow
+        // trend leak needs a long run (hundreds of iterations) to pass the practical threshold.
+        let warmup_iterations = DetectorConfig::default().warmup_iterations.min(samples.len() as u64 / 4);
         let header = Header {
             schema: SAMPLES_SCHEMA.into(),
             scenario: spec.scenario.name.clone(),
             seed: self.seed,
             backend: "sim".into(),
             metrics,
-            warmup_iterations: Some(DetectorConfig::default().warmup_iterations.min(samples.len() as u64 / 4)),
+            warmup_iterations: Some(warmup_iterations),
             injections: spec.injections.iter().map(|i| i.name().to_string()).collect(),
         };
         let s = Samples { header, names, rows, truncated_tail: false };
-        // Registries are judged from the first quiescent point; gauges (heap, mappings) after the
-        // soak's warm-up (a quarter of the run at most) with the soak's thresholds, so a slow
-        // trend leak needs a long run (hundreds of iterations) to pass the practical threshold.
-        let warmup_iterations = DetectorConfig::default().warmup_iterations.min(samples.len() as u64 / 4);
         let cfg = DetectorConfig { warmup_iterations, ..DetectorConfig::default() };
         let verdict = analyze(&s, &cfg, false);
         for m in verdict.metrics.iter().filter(|m| m.status == plateau_reports::Status::Fail) {

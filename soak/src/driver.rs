@@ -15,13 +15,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plateau_engine::{AbortOutcome, Engine, EngineConfig, Injections, RequestStage, Role, WeightSource};
+use plateau_engine::{AbortOutcome, Engine, Injections, RequestStage, Role, WeightSource};
 use plateau_reports::{Header, SampleLine, Verdict, SAMPLES_SCHEMA};
 
 use crate::analysis::{judge_file, write_outputs, MappingSnapshots};
+use crate::detector::spec_of;
 use crate::detector::DetectorConfig;
 use crate::pd::pair::{PdOptions, PdPair};
-use crate::probes::{sample_engine, spec_of, ProcessProbes};
+use crate::probes::{sample_engine, ProcessProbes};
 use crate::scenario::{parse_duration_secs, Abort, PdMode, Phase, Scenario, Stage};
 use crate::system::System;
 use crate::workload::{rng_for, Workload};
@@ -95,24 +96,15 @@ pub struct AbortCounts {
 
 /// Builds the engine a scenario describes.
 pub fn build_engine(s: &Scenario, backend: &str, injections: Injections, seed: u64) -> Result<Engine, RunError> {
-    let config = engine_config(s, backend, injections, seed)?;
+    let backend = resolve_backend(backend)?;
     let dtype = plateau_engine::model::cuda::DType::parse(&s.engine.dtype).map_err(RunError::Input)?;
-    resolve_backend(backend)?;
-    plateau_engine::model::cuda::engine_on(backend, config, dtype)
+    plateau_engine::model::cuda::engine_on(backend, s.engine.to_config(injections, seed), dtype)
         .map_err(|err| RunError::Input(format!("engine: {err}")))
 }
 
 /// `cpu`, `cuda` (a usable device, or bad input naming what is missing) or `auto`.
 pub fn resolve_backend(backend: &str) -> Result<&'static str, RunError> {
     plateau_engine::model::cuda::resolve(backend).map_err(RunError::Input)
-}
-
-/// The engine configuration a scenario describes.
-pub fn engine_config(s: &Scenario, backend: &str, injections: Injections, seed: u64) -> Result<EngineConfig, RunError> {
-    if !["cpu", "cuda", "auto"].contains(&backend) {
-        return Err(RunError::Input(format!("backend `{backend}` is not one of cpu, cuda, auto")));
-    }
-    Ok(s.engine.to_config(injections, seed))
 }
 
 /// Builds what the scenario runs against: one engine, or a prefill/decode pair (`[pd]`).
@@ -130,7 +122,7 @@ pub fn build_system(
                 "[pd] mode = \"processes\" runs its nodes on the cpu backend; use --backend cpu".into(),
             ));
         }
-        let mut config = engine_config(s, backend, injections.clone(), seed)?;
+        let mut config = s.engine.to_config(injections.clone(), seed);
         config.kv_transfer_timeout_ms = pd.kv_transfer_timeout_ms;
         let spec = crate::pd::remote::NodeSpec {
             scenario: source.to_string(),

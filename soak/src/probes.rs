@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use plateau_engine::{Metric, MetricKind};
+use plateau_engine::Metric;
 use plateau_reports::{Kind, MetricSpec};
 use procfs::process::{MMapPath, Process};
 
@@ -32,16 +32,6 @@ pub struct AnonMapping {
     pub perms: String,
     pub start: u64,
     pub bytes: u64,
-}
-
-pub fn spec_of(m: &Metric) -> MetricSpec {
-    let (kind, capacity) = match m.kind {
-        MetricKind::Gauge => (Kind::Gauge, None),
-        MetricKind::PerRequest => (Kind::PerRequest, None),
-        MetricKind::Bounded { capacity } => (Kind::Bounded, Some(capacity)),
-        MetricKind::Counter => (Kind::Counter, None),
-    };
-    MetricSpec { kind, unit: m.unit.to_string(), capacity }
 }
 
 /// The process-wide probes (allocator and kernel view) of the process that runs them.

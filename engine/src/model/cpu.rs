@@ -5,7 +5,7 @@
 
 use crate::block_pool::BlockId;
 use crate::error::{EngineError, Result};
-use crate::inject::{Injection, Injections};
+use crate::inject::Injections;
 use crate::model::backend::{Backend, BackendMemory, ForwardBatch};
 use crate::model::config::ModelConfig;
 use crate::model::weights::ModelWeights;
@@ -142,11 +142,7 @@ impl Backend for CpuBackend {
     }
 
     fn release_kv(&mut self) {
-        if let Some(pool) = self.kv.take() {
-            if self.injections.on(Injection::SleepKeepsKv) {
-                self.kept_kv.push(pool);
-            }
-        }
+        self.injections.release_pool(&mut self.kv, &mut self.kept_kv);
     }
 
     fn load_weights(&mut self, weights: ModelWeights) -> Result<()> {

@@ -57,24 +57,11 @@ pub(super) async fn fault_task(world: Shared, plan: FaultPlan, ids: Vec<madsim::
                 if let Some(k) = w.owed.iter().position(|f| *f == ev.fault) {
                     w.owed.remove(k);
                 }
-            } else if let Some(end) = plan_end(&ev.fault) {
+            } else if let Some(end) = ev.fault.undo() {
                 w.owed.push(end);
             }
             out
         };
         send_all(&ep, out).await;
     }
-}
-
-pub(super) fn plan_end(f: &Fault) -> Option<Fault> {
-    Some(match *f {
-        Fault::Kill(n) => Fault::Restart(n),
-        Fault::Pause(n) => Fault::Resume(n),
-        Fault::ClogNode(n) => Fault::UnclogNode(n),
-        Fault::ClogLink(a, b) => Fault::UnclogLink(a, b),
-        Fault::PacketLoss(_) => Fault::PacketLoss(0),
-        Fault::Latency(_) => Fault::Latency(None),
-        Fault::SlowTransfers(n, _) => Fault::SlowTransfers(n, 1),
-        _ => return None,
-    })
 }

@@ -80,7 +80,7 @@ pub(super) fn quiescent_point(world: &Shared, ns: &NodeSpec, iter: u64, sleeps: 
             value: heap::live_bytes(k),
         };
         for m in e.stats().into_iter().chain(transport_metrics(&slot.regions, slot.pulls.len())).chain([heap_bytes]) {
-            values.insert(format!("{}.{}", slot.name, m.name), (m.kind, m.unit, m.value));
+            values.insert(format!("{}.{}", slot.name, m.name), m);
         }
         if slot.regions.mapped_bytes() != slot.regions.registered_bytes() {
             mismatched.push((slot.name.clone(), slot.regions.mapped_bytes(), slot.regions.registered_bytes()));

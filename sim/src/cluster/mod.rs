@@ -189,7 +189,7 @@ struct World {
     /// Fault ends owed (applied at heal time).
     owed: Vec<Fault>,
     done: bool,
-    samples: Vec<(u64, f64, BTreeMap<String, (MetricKind, &'static str, u64)>)>,
+    samples: crate::report::QuiescentSamples,
 }
 
 type Shared = Arc<Mutex<World>>;

@@ -22,15 +22,6 @@ pub(super) fn build_engine(ns: &NodeSpec, node: usize, role: Role) -> Result<Eng
     Ok(engine)
 }
 
-pub(super) fn counter(stats: &[Metric], name: &str) -> u64 {
-    stats.iter().find(|m| m.name == name).map_or(0, |m| m.value)
-}
-
-pub(super) fn work_done(e: &Engine) -> u64 {
-    let s = e.stats();
-    counter(&s, "engine.prompt_tokens_computed") * 1_000_000 + counter(&s, "engine.tokens_generated")
-}
-
 /// Sends every message; a send that fails (the network refused it) is lost, like a dropped packet.
 pub(super) async fn send_all(ep: &Endpoint, out: Vec<(usize, Msg)>) {
     for (dst, msg) in out {
@@ -194,7 +185,7 @@ pub(super) fn tick(w: &mut World, ns: &NodeSpec, idx: usize, out: &mut Vec<(usiz
         }
         engine.pull_done(*id, Err(format!("KV pull timed out after {} ms", ns.kv_timeout_ms)));
     }
-    let before = work_done(engine);
+    let (prompt_before, generated_before) = engine.tokens_computed();
     let stepped = engine.has_unfinished();
     let result = if stepped { engine.step() } else { Ok(Vec::new()) };
     let outputs = match result {
@@ -205,7 +196,7 @@ pub(super) fn tick(w: &mut World, ns: &NodeSpec, idx: usize, out: &mut Vec<(usiz
             return (0, 1_000);
         }
     };
-    let after = work_done(engine);
+    let (prompt_after, generated_after) = engine.tokens_computed();
     let mut ended_twice = Vec::new();
     for o in outputs {
         if !slot.open.remove(&o.id) {
@@ -242,9 +233,8 @@ pub(super) fn tick(w: &mut World, ns: &NodeSpec, idx: usize, out: &mut Vec<(usiz
         let dst = w.node_name(*dst);
         w.event(&name, format_args!("send {dst} {}", m.brief()));
     }
-    let done = after.saturating_sub(before);
-    if stepped && done > 0 {
-        let (prefill, decode) = (done / 1_000_000, done % 1_000_000);
+    let (prefill, decode) = (prompt_after - prompt_before, generated_after - generated_before);
+    if stepped && prefill + decode > 0 {
         return (ns.cost.step_ms(prefill, decode), 0);
     }
     let mut wait = if stepped { POLL_MS } else { 1_000 };

@@ -10,7 +10,8 @@
 
 pub mod stats;
 
-use plateau_reports::{Kind, MetricVerdict, Samples, Status, Trend, Verdict, VERDICT_SCHEMA};
+use plateau_engine::{Metric, MetricKind};
+use plateau_reports::{Kind, MetricSpec, MetricVerdict, Samples, Status, Trend, Verdict, VERDICT_SCHEMA};
 
 use stats::{mann_kendall, median, theil_sen};
 
@@ -44,6 +45,18 @@ impl Default for DetectorConfig {
             min_points: 12,
         }
     }
+}
+
+/// The samples-file spec of an engine metric: its kind (what the detector judges it by), unit and
+/// capacity. The soak's probes and the simulator's quiescent samples both describe metrics this way.
+pub fn spec_of(m: &Metric) -> MetricSpec {
+    let (kind, capacity) = match m.kind {
+        MetricKind::Gauge => (Kind::Gauge, None),
+        MetricKind::PerRequest => (Kind::PerRequest, None),
+        MetricKind::Bounded { capacity } => (Kind::Bounded, Some(capacity)),
+        MetricKind::Counter => (Kind::Counter, None),
+    };
+    MetricSpec { kind, unit: m.unit.to_string(), capacity }
 }
 
 /// The verdict of one gauge series.

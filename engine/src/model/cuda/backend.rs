@@ -19,7 +19,7 @@ use super::kernels::{cfg, elementwise, Arg, Kernels};
 use super::DType;
 use crate::block_pool::BlockId;
 use crate::error::{EngineError, Result};
-use crate::inject::{Injection, Injections};
+use crate::inject::Injections;
 use crate::model::backend::{Backend, BackendMemory, ForwardBatch};
 use crate::model::config::ModelConfig;
 use crate::model::weights::ModelWeights;
@@ -120,14 +120,6 @@ impl CudaBackend {
         Ok(b)
     }
 
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    pub fn allocator(&self) -> &DeviceAllocator {
-        &self.alloc
-    }
-
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(driver_err)
     }
@@ -181,6 +173,11 @@ impl CudaBackend {
         .map_err(|e| EngineError::Backend(format!("cuBLAS gemm {t}x{inp} by {out}x{inp}: {e}")))
     }
 
+    /// x += y over `n` elements.
+    fn residual_add(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        self.kernels.launch("add", self.dtype, elementwise(n), &[Arg::P(x), Arg::P(y), Arg::L(n as i64)])
+    }
+
     fn rmsnorm(&self, x: u64, rows: u64, w: u64, out: u64, n_rows: usize) -> Result<()> {
         let h = self.config.hidden_size;
         let args =
@@ -194,7 +191,7 @@ impl CudaBackend {
 
     /// Launches a block kernel (`gather_blocks`, `scatter_blocks`) over `blocks` of every cache
     /// tensor with a staging buffer of f32.
-    fn blocks_kernel(&self, name: &str, blocks: &[BlockId], staging: u64) -> Result<()> {
+    fn blocks_kernel(&self, name: &'static str, blocks: &[BlockId], staging: u64) -> Result<()> {
         let kv = self.kv_ref()?;
         if let Some(b) = blocks.iter().find(|&&b| b as usize >= kv.num_blocks) {
             return Err(EngineError::Backend(format!("block {b} is out of range (pool has {})", kv.num_blocks)));
@@ -322,11 +319,7 @@ impl Backend for CudaBackend {
     }
 
     fn release_kv(&mut self) {
-        if let Some(pool) = self.kv.take() {
-            if self.injections.on(Injection::SleepKeepsKv) {
-                self.kept_kv.push(pool);
-            }
-        }
+        self.injections.release_pool(&mut self.kv, &mut self.kept_kv);
         let _ = self.alloc.trim();
     }
 
@@ -480,12 +473,7 @@ impl Backend for CudaBackend {
             ];
             self.kernels.launch("attention", dt, cfg((t as u32, nh as u32), 128, attn_shared), &args)?;
             self.linear(attn.ptr(), lw.o.ptr(), tmp.ptr(), t, qd, h)?;
-            self.kernels.launch(
-                "add",
-                dt,
-                elementwise(t * h),
-                &[Arg::P(x.ptr()), Arg::P(tmp.ptr()), Arg::L((t * h) as i64)],
-            )?;
+            self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
             self.rmsnorm(x.ptr(), 0, lw.mlp_norm.ptr(), hn.ptr(), t)?;
             self.linear(hn.ptr(), lw.gate.ptr(), gate.ptr(), t, h, inter)?;
             self.linear(hn.ptr(), lw.up.ptr(), upb.ptr(), t, h, inter)?;
@@ -497,12 +485,7 @@ impl Backend for CudaBackend {
                 &[Arg::P(gate.ptr()), Arg::P(upb.ptr()), Arg::P(gate.ptr()), Arg::L(n)],
             )?;
             self.linear(gate.ptr(), lw.down.ptr(), tmp.ptr(), t, inter, h)?;
-            self.kernels.launch(
-                "add",
-                dt,
-                elementwise(t * h),
-                &[Arg::P(x.ptr()), Arg::P(tmp.ptr()), Arg::L((t * h) as i64)],
-            )?;
+            self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
         }
         let r = f.logit_rows.len();
         if r == 0 {

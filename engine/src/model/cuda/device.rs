@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use crate::error::{EngineError, Result};
 
@@ -50,8 +50,14 @@ pub struct DeviceInfo {
 }
 
 /// Whether a usable CUDA device is here, without ever panicking: the libraries are checked before
-/// anything calls into them (cudarc panics when a library is missing).
+/// anything calls into them (cudarc panics when a library is missing). The answer is found once
+/// per process (it opens a context) and remembered: backend resolution and every backend ask.
 pub fn probe() -> std::result::Result<DeviceInfo, String> {
+    static FOUND: std::sync::OnceLock<std::result::Result<DeviceInfo, String>> = std::sync::OnceLock::new();
+    FOUND.get_or_init(find_device).clone()
+}
+
+fn find_device() -> std::result::Result<DeviceInfo, String> {
     // SAFETY: these only try to dlopen the libraries.
     let (driver, nvrtc, cublas) = unsafe {
         (
@@ -142,13 +148,6 @@ impl DeviceBuf {
     pub fn zero(&mut self) -> Result<()> {
         let stream = self.slice.stream().clone();
         stream.memset_zeros(&mut self.slice).map_err(driver_err)
-    }
-
-    /// The mutable raw address (marks the buffer written for cudarc's bookkeeping).
-    pub fn ptr_mut(&mut self) -> u64 {
-        let stream = self.slice.stream().clone();
-        let (p, _sync) = self.slice.device_ptr_mut(&stream);
-        p
     }
 }
 

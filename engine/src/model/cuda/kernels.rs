@@ -40,7 +40,7 @@ pub enum Arg {
 
 pub struct Kernels {
     stream: Arc<CudaStream>,
-    funcs: BTreeMap<String, CudaFunction>,
+    funcs: BTreeMap<(&'static str, DType), CudaFunction>,
 }
 
 impl Kernels {
@@ -66,16 +66,16 @@ impl Kernels {
                 let f = module
                     .load_function(&full)
                     .map_err(|e| EngineError::Backend(format!("kernel {full} is not in the compiled module: {e}")))?;
-                funcs.insert(full, f);
+                funcs.insert((name, dtype), f);
             }
         }
         Ok(Kernels { stream, funcs })
     }
 
     /// Launches `name` for `dtype` on the backend's stream.
-    pub fn launch(&self, name: &str, dtype: DType, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
-        let full = format!("{name}_{}", dtype.suffix());
-        let f = self.funcs.get(&full).ok_or_else(|| EngineError::Backend(format!("no kernel {full}")))?;
+    pub fn launch(&self, name: &'static str, dtype: DType, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
+        let full = || format!("{name}_{}", dtype.suffix());
+        let f = self.funcs.get(&(name, dtype)).ok_or_else(|| EngineError::Backend(format!("no kernel {}", full())))?;
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {
@@ -87,7 +87,7 @@ impl Kernels {
         }
         // SAFETY: every kernel's parameter list matches the argument kinds its callers pass (see
         // kernels.cu), and every address is a live buffer of the allocator of the right size.
-        unsafe { b.launch(cfg) }.map_err(|e| EngineError::Backend(format!("kernel {full}: {e}")))?;
+        unsafe { b.launch(cfg) }.map_err(|e| EngineError::Backend(format!("kernel {}: {e}", full())))?;
         Ok(())
     }
 }

@@ -11,7 +11,7 @@ pub use backend::CudaBackend;
 pub use device::{probe, Category, DeviceInfo};
 
 /// Element type of weights, activations and the KV cache on the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub enum DType {
     #[default]
     F32,
