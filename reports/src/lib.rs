@@ -5,5 +5,5 @@ pub mod plot;
 pub mod samples;
 pub mod verdict;
 
-pub use samples::{Header, Kind, MetricSpec, Row, SampleLine, Samples, SamplesError, SAMPLES_SCHEMA};
-pub use verdict::{MetricVerdict, Status, Trend, Verdict, VERDICT_SCHEMA};
+pub use samples::{Header, Kind, MetricSpec, Row, SampleLine, Samples, SamplesError, SAMPLES_SCHEMA, UNITS};
+pub use verdict::{MetricVerdict, Projection, Status, Trend, Verdict, VERDICT_SCHEMA};

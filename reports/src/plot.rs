@@ -1,5 +1,6 @@
-//! Plots of a run: memory gauges (MiB) and registries (counts) against time, as SVG and PNG. The
-//! font is embedded, so nothing depends on the system's fonts.
+//! Plots of a run: every memory level (MiB) and every count level (registries, mappings,
+//! descriptors, threads) against time, as SVG and PNG; only counters are left out (they only
+//! climb). The font is embedded, so nothing depends on the system's fonts.
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
@@ -80,15 +81,15 @@ where
     root.present().map_err(e)
 }
 
-/// Draws `memory.{svg,png}` and `registries.{svg,png}` into `dir`; returns the files written.
+/// Draws `memory.{svg,png}` and `counts.{svg,png}` into `dir`; returns the files written.
 pub fn plot_run(s: &Samples, dir: &Path) -> Result<Vec<PathBuf>, String> {
     register_font();
     let title = format!("{} (seed {}, {})", s.header.scenario, s.header.seed, s.header.backend);
-    let memory = lines(s, |_, k, u| k == Kind::Gauge && u == "bytes", 1024.0 * 1024.0);
-    let registries = lines(s, |n, k, u| u == "count" && n.starts_with("registry.") && k != Kind::Counter, 1.0);
+    let memory = lines(s, |_, k, u| k != Kind::Counter && u == "bytes", 1024.0 * 1024.0);
+    let counts = lines(s, |_, k, u| k != Kind::Counter && u == "count", 1.0);
     let mut written = Vec::new();
     for (stem, what, label, data) in
-        [("memory", "memory", "MiB", &memory), ("registries", "registries", "entries", &registries)]
+        [("memory", "memory", "MiB", &memory), ("counts", "registries and other counts", "count", &counts)]
     {
         let t = format!("{title}: {what}");
         let svg = dir.join(format!("{stem}.svg"));

@@ -10,25 +10,43 @@ use serde::{Deserialize, Serialize};
 
 pub const SAMPLES_SCHEMA: &str = "plateau.samples.v1";
 
+/// What a metric is, and so how the detector judges it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
+    /// A level that must not grow without levelling off: trend-tested after warm-up.
     Gauge,
+    /// State that must be back to zero at every quiescent point.
     PerRequest,
+    /// A level that must never exceed its `capacity`.
     Bounded,
+    /// Monotonic and cumulative (requests added, tokens generated): plotted, checked to never
+    /// decrease, not trend-tested.
     Counter,
+    /// A level that is shown but not judged. Readers take a kind they do not know for this one.
+    Observed,
 }
 
 impl Kind {
+    pub const ALL: [Kind; 5] = [Kind::Gauge, Kind::PerRequest, Kind::Bounded, Kind::Counter, Kind::Observed];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Gauge => "gauge",
             Kind::PerRequest => "per_request",
             Kind::Bounded => "bounded",
             Kind::Counter => "counter",
+            Kind::Observed => "observed",
         }
     }
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
 }
+
+/// The units a samples file may use: values are plain numbers of one of them.
+pub const UNITS: [&str; 2] = ["bytes", "count"];
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MetricSpec {
@@ -36,6 +54,16 @@ pub struct MetricSpec {
     pub unit: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<u64>,
+    /// The step the value moves in, where the writer knows it (a page for RSS, 1 for counts):
+    /// the detector never calls growth smaller than a few quanta a trend. plateau's own field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantum: Option<f64>,
+}
+
+impl MetricSpec {
+    pub fn new(kind: Kind, unit: &str) -> MetricSpec {
+        MetricSpec { kind, unit: unit.to_string(), capacity: None, quantum: None }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,6 +91,10 @@ pub struct SampleLine {
     /// What taking this sample cost, per probe, in microseconds (plateau's own field).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cost_us: BTreeMap<String, f64>,
+    /// The engine's idle self-check at a quiescent point: each failed check's name and what it
+    /// found (plateau's own field; absent when every check held).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checks: BTreeMap<String, String>,
 }
 
 /// One sample, columnar: `values[i]` belongs to `Samples::names[i]`.
@@ -72,6 +104,14 @@ pub struct Row {
     pub iter: u64,
     pub quiescent: bool,
     pub values: Vec<Option<f64>>,
+    /// Failed idle checks at this sample (see [`SampleLine::checks`]).
+    pub checks: BTreeMap<String, String>,
+}
+
+impl Row {
+    pub fn new(t: f64, iter: u64, quiescent: bool, values: Vec<Option<f64>>) -> Row {
+        Row { t, iter, quiescent, values, checks: BTreeMap::new() }
+    }
 }
 
 /// A whole samples file in memory.
@@ -83,6 +123,9 @@ pub struct Samples {
     pub rows: Vec<Row>,
     /// Set when the last line was cut short (a run killed mid-write); the rows before it are kept.
     pub truncated_tail: bool,
+    /// What the reader accepted but a person should know (a kind it does not know, read as
+    /// `observed`).
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -137,11 +180,34 @@ impl Samples {
             }
             None => return Err(err(1, "schema", format!("missing; expected \"{SAMPLES_SCHEMA}\""))),
         }
+        let mut v = v;
+        let mut warnings = Vec::new();
+        if let Some(metrics) = v.get_mut("metrics").and_then(|m| m.as_object_mut()) {
+            for (name, spec) in metrics.iter_mut() {
+                let Some(kind) = spec.get("kind").and_then(|k| k.as_str()) else { continue };
+                if Kind::parse(kind).is_none() {
+                    warnings.push(format!(
+                        "metrics.{name}.kind: `{kind}` is not a kind this reader knows; shown, not judged (as `observed`)"
+                    ));
+                    spec["kind"] = serde_json::Value::from("observed");
+                }
+            }
+        }
         let header: Header =
             serde_json::from_value(v).map_err(|e| err(1, &header_field(&e.to_string()), e.to_string()))?;
         for (name, spec) in &header.metrics {
             if spec.kind == Kind::Bounded && spec.capacity.is_none() {
                 return Err(err(1, &format!("metrics.{name}.capacity"), "a bounded metric needs a capacity".into()));
+            }
+            if !UNITS.contains(&spec.unit.as_str()) {
+                return Err(err(
+                    1,
+                    &format!("metrics.{name}.unit"),
+                    format!("`{}` is not a unit this format takes: write values in `bytes` or as a `count`", spec.unit),
+                ));
+            }
+            if spec.quantum.is_some_and(|q| !(q.is_finite() && q > 0.0)) {
+                return Err(err(1, &format!("metrics.{name}.quantum"), "must be a positive number".into()));
             }
         }
         let names: Vec<String> = header.metrics.keys().cloned().collect();
@@ -159,8 +225,28 @@ impl Samples {
             }
             match serde_json::from_str::<SampleLine>(&line) {
                 Ok(s) => {
+                    if let Some(prev) = rows.last() {
+                        let prev: &Row = prev;
+                        if !(s.t > prev.t) {
+                            return Err(err(
+                                n,
+                                "t",
+                                format!("{} does not increase (the sample before has {})", s.t, prev.t),
+                            ));
+                        }
+                        if s.iter < prev.iter {
+                            return Err(err(
+                                n,
+                                "iter",
+                                format!("{} is below the sample before's {}", s.iter, prev.iter),
+                            ));
+                        }
+                    }
+                    if !s.t.is_finite() {
+                        return Err(err(n, "t", format!("{} is not a finite number of seconds", s.t)));
+                    }
                     let values = names.iter().map(|m| s.values.get(m).copied()).collect();
-                    rows.push(Row { t: s.t, iter: s.iter, quiescent: s.quiescent, values });
+                    rows.push(Row { t: s.t, iter: s.iter, quiescent: s.quiescent, values, checks: s.checks });
                 }
                 Err(_) => pending = Some((n, line)),
             }
@@ -176,7 +262,7 @@ impl Samples {
         if rows.is_empty() {
             return Err(err(2, "sample", "no samples after the header".into()));
         }
-        Ok(Samples { header, names, rows, truncated_tail })
+        Ok(Samples { header, names, rows, truncated_tail, warnings })
     }
 }
 
@@ -210,7 +296,7 @@ fn bad_line(err: &impl Fn(usize, &str, String) -> SamplesError, n: usize, line: 
 }
 
 fn header_field(msg: &str) -> String {
-    for f in ["scenario", "seed", "backend", "metrics", "kind", "unit", "capacity"] {
+    for f in ["scenario", "seed", "backend", "metrics", "kind", "unit", "capacity", "quantum"] {
         if msg.contains(&format!("`{f}`")) {
             return f.to_string();
         }
@@ -250,6 +336,30 @@ mod tests {
         assert!(e.contains(":2: iter: \"x\" is not"), "{e}");
         let e = parse(&format!("{HEADER}\n")).unwrap_err().to_string();
         assert!(e.contains("no samples"), "{e}");
+    }
+
+    #[test]
+    fn units_other_than_bytes_and_count_are_refused_by_metric() {
+        let e = parse(&HEADER.replace(r#""unit":"bytes""#, r#""unit":"KiB""#)).unwrap_err().to_string();
+        assert!(e.contains(":1: metrics.a.unit: `KiB`"), "{e}");
+    }
+
+    #[test]
+    fn time_must_increase() {
+        let row = |t: f64| format!("{{\"t\":{t},\"iter\":1,\"quiescent\":true,\"values\":{{}}}}");
+        let e = parse(&format!("{HEADER}\n{}\n{}\n{}\n", row(0.5), row(0.7), row(0.7))).unwrap_err().to_string();
+        assert!(e.contains("x.jsonl:4: t: 0.7 does not increase"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_kind_is_observed_with_a_warning() {
+        let s = parse(&format!(
+            "{}\n{{\"t\":0.5,\"iter\":1,\"quiescent\":true,\"values\":{{\"a\":1}}}}\n",
+            HEADER.replace(r#""kind":"gauge""#, r#""kind":"histogram""#)
+        ))
+        .unwrap();
+        assert_eq!(s.header.metrics["a"].kind, Kind::Observed);
+        assert!(s.warnings[0].contains("metrics.a.kind: `histogram`"), "{:?}", s.warnings);
     }
 
     #[test]

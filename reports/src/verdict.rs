@@ -5,12 +5,27 @@ use serde::{Deserialize, Serialize};
 
 pub const VERDICT_SCHEMA: &str = "plateau.verdict.v1";
 
+/// A metric's or a run's status, in the order a report lists them (failures first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Pass,
+    /// Judged and passed, with something a person should read (growth that levelled off).
     Warn,
+    /// Too little evidence to judge (a run too short for its warm-up, no quiescent values).
+    Inconclusive,
     Fail,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::Warn => "warn",
+            Status::Inconclusive => "inconclusive",
+            Status::Fail => "fail",
+        }
+    }
 }
 
 /// The trend figures of a gauge.
@@ -31,6 +46,27 @@ pub struct Trend {
     pub tail_p_value: f64,
     /// Quiescent points after warm-up that the test saw.
     pub points: usize,
+    /// The step the metric moves in (declared by the writer, or the finest step in the data).
+    pub quantum: f64,
+    /// Robust scale of the series around its fitted line (1.4826 x the median absolute deviation).
+    pub noise: f64,
+    /// The smallest steady growth this run resolves: a linear leak at this rate, added to this
+    /// series, fails it. Unit per iteration.
+    pub resolution_per_iter: f64,
+    /// The same per request (absent when the run counts no requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolution_per_request: Option<f64>,
+    /// Growth at or below this rate passes (the run's tolerance). Unit per iteration.
+    pub tolerance_per_iter: f64,
+}
+
+/// What a failing gauge's growth costs if it goes on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Projection {
+    pub per_request: Option<f64>,
+    pub per_million_requests: Option<f64>,
+    /// At the run's own pace (iterations per wall or simulated second).
+    pub per_day: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,12 +88,15 @@ pub struct MetricVerdict {
     /// Where the growth is: heap, outside the heap, a registry, a mapping.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub location: Option<String>,
+    /// A failing gauge's growth projected: per request, per million requests, per day.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projected: Option<Projection>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {
     pub schema: String,
-    /// "pass" or "fail".
+    /// "pass", "fail" or "inconclusive" (never "warn").
     pub verdict: Status,
     /// True when the run was interrupted or its samples cut short.
     pub incomplete: bool,
@@ -73,11 +112,27 @@ pub struct Verdict {
     /// Growth attributed to the heap, outside it, or registries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attribution: Vec<String>,
+    /// Requests added per iteration after warm-up (absent when the samples count no requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_iter: Option<f64>,
+    /// Median seconds per iteration (wall or simulated): only for projections, never for verdicts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds_per_iter: Option<f64>,
+    /// The tolerance the gauges were judged with, as given (`1B/request`).
+    #[serde(default)]
+    pub tolerance: String,
+    /// What the reader or the detector noticed about the input itself.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     pub metrics: Vec<MetricVerdict>,
 }
 
 impl Verdict {
     pub fn failed(&self) -> bool {
         self.verdict == Status::Fail
+    }
+
+    pub fn inconclusive(&self) -> bool {
+        self.verdict == Status::Inconclusive
     }
 }

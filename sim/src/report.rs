@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use plateau_engine::Metric;
 use plateau_reports::{Header, Kind, Row, Samples, SAMPLES_SCHEMA};
-use plateau_soak::detector::{analyze, spec_of, DetectorConfig};
+use plateau_soak::detector::{analyze, spec_of, warmup_rule, DetectorConfig};
 
 use crate::spec::RunSpec;
 #[cfg(madsim)]
@@ -81,17 +81,14 @@ impl RunReport {
         let names: Vec<String> = metrics.keys().cloned().collect();
         let rows = samples
             .iter()
-            .map(|(iter, t, values)| Row {
-                t: *t,
-                iter: *iter,
-                quiescent: true,
-                values: names.iter().map(|n| values.get(n).map(|m| m.value as f64)).collect(),
+            .map(|(iter, t, values)| {
+                Row::new(*t, *iter, true, names.iter().map(|n| values.get(n).map(|m| m.value as f64)).collect())
             })
             .collect();
         // Registries are judged from the first quiescent point; gauges (heap, mappings) after the
-        // soak's warm-up (a quarter of the run at most) with the soak's thresholds, so a slow
-        // trend leak needs a long run (hundreds of iterations) to pass the practical threshold.
-        let warmup_iterations = DetectorConfig::default().warmup_iterations.min(samples.len() as u64 / 4);
+        // soak's warm-up, by the soak's one rule and configuration. A run shorter than the warm-up
+        // leaves the gauges inconclusive, which is no violation: only failures are.
+        let warmup_iterations = warmup_rule(None, None, None).expect("no explicit warm-up to check");
         let header = Header {
             schema: SAMPLES_SCHEMA.into(),
             scenario: spec.scenario.name.clone(),
@@ -101,7 +98,7 @@ impl RunReport {
             warmup_iterations: Some(warmup_iterations),
             injections: spec.injections.iter().map(|i| i.name().to_string()).collect(),
         };
-        let s = Samples { header, names, rows, truncated_tail: false };
+        let s = Samples { header, names, rows, truncated_tail: false, warnings: Vec::new() };
         let cfg = DetectorConfig { warmup_iterations, ..DetectorConfig::default() };
         let verdict = analyze(&s, &cfg, false);
         for m in verdict.metrics.iter().filter(|m| m.status == plateau_reports::Status::Fail) {

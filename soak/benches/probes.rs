@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use criterion::{criterion_group, criterion_main, Criterion};
 use plateau_engine::Injections;
 use plateau_soak::driver::build_engine;
-use plateau_soak::probes::{read_jemalloc, read_proc, settle_allocator, ProcessProbes};
+use plateau_soak::probes::{read_jemalloc, read_proc, settle_allocator, ProcessProbes, Settle};
 use plateau_soak::scenario::{Phase, Scenario};
 use plateau_soak::workload::Workload;
 
@@ -14,7 +14,7 @@ fn probes(c: &mut Criterion) {
     let (s, _) = Scenario::load("n-sampling").unwrap();
     let engine = build_engine(&s, "cpu", Injections::none(), 0).unwrap();
     let mut g = c.benchmark_group("probe");
-    g.bench_function("settle_allocator", |b| b.iter(settle_allocator));
+    g.bench_function("settle_flush", |b| b.iter(|| settle_allocator(Settle::Flush)));
     g.bench_function("jemalloc_read", |b| {
         let mut v = BTreeMap::new();
         b.iter(|| read_jemalloc("", &mut v))
@@ -30,7 +30,7 @@ fn probes(c: &mut Criterion) {
     g.bench_function("full_quiescent_sample", |b| {
         b.iter(|| {
             let (mut v, mut cost) = (BTreeMap::new(), BTreeMap::new());
-            pp.sample("", true, &mut v, &mut cost);
+            pp.sample("", Settle::Flush, &mut v, &mut cost);
             for m in engine.stats() {
                 v.insert(m.name, m.value as f64);
             }

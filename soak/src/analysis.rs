@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
-use plateau_reports::{Samples, SamplesError, Status, Verdict};
+use plateau_reports::{Samples, Status, Verdict};
 use serde::{Deserialize, Serialize};
 
-use crate::detector::{analyze, DetectorConfig};
+use crate::detector::{analyze, warmup_rule, DetectorConfig, Per, Tolerance};
 use crate::probes::AnonMapping;
 
 /// Anonymous mappings at the first quiescent point after warm-up and at the end of the run: a
@@ -62,62 +62,78 @@ impl MappingSnapshots {
     }
 }
 
+/// How a samples file is judged: what the user said, beyond what the file says.
+#[derive(Debug, Clone, Default)]
+pub struct JudgeOptions {
+    /// `--warmup`: overrides the header's warm-up (see [`crate::detector::warmup_rule`]).
+    pub warmup: Option<u64>,
+    /// `--tolerance` or the scenario's; None: the default.
+    pub tolerance: Option<Tolerance>,
+    /// The tolerance came from the user (a per-request one then needs a request counter).
+    pub tolerance_explicit: bool,
+    /// The run was interrupted (a verdict already beside the samples may also say so).
+    pub incomplete: bool,
+}
+
 /// Reads `samples`, judges it and, when a mapping snapshot lies beside it, names the mappings
-/// that grew for every metric judged to grow outside the heap.
-pub fn judge_file(
-    samples: &Path,
-    cfg: Option<DetectorConfig>,
-    incomplete: bool,
-) -> Result<(Samples, Verdict), SamplesError> {
-    let s = Samples::read(samples)?;
-    if !s.rows.iter().any(|r| r.quiescent) {
-        return Err(SamplesError {
-            path: samples.to_path_buf(),
-            line: 2,
-            field: "quiescent".into(),
-            message: "no sample is quiescent (taken with nothing in flight): nothing to judge".into(),
-        });
+/// that grew for every metric judged to grow outside the heap. A verdict.json already beside the
+/// samples that says the run was incomplete keeps the new verdict incomplete too. Errors are
+/// input errors (exit 2), each naming the file, line and field or the flag.
+pub fn judge_file(samples: &Path, o: &JudgeOptions) -> Result<(Samples, Verdict), String> {
+    let s = Samples::read(samples).map_err(|e| e.to_string())?;
+    let iterations = s.rows.iter().map(|r| r.iter).max().unwrap_or(0);
+    let warmup_iterations = warmup_rule(o.warmup, s.header.warmup_iterations, Some(iterations))?;
+    let cfg =
+        DetectorConfig { warmup_iterations, tolerance: o.tolerance.unwrap_or_default(), ..DetectorConfig::default() };
+    let earlier_incomplete = std::fs::read(samples.with_file_name("verdict.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Verdict>(&b).ok())
+        .is_some_and(|v| v.incomplete);
+    let mut v = analyze(&s, &cfg, o.incomplete || earlier_incomplete);
+    if o.tolerance_explicit && v.requests_per_iter.is_none() && cfg.tolerance.per == Per::Request {
+        return Err(format!(
+            "--tolerance {}: {} counts no requests (no `requests_added` counter), so a tolerance per request cannot be applied; give it per iteration",
+            cfg.tolerance,
+            samples.display()
+        ));
     }
-    let cfg = cfg.unwrap_or_else(|| default_config(&s));
-    let mut v = analyze(&s, &cfg, incomplete);
     let snap_path = samples.with_file_name("mappings.json");
     if let Some(snap) = std::fs::read(&snap_path).ok().and_then(|b| serde_json::from_slice::<MappingSnapshots>(&b).ok())
     {
-        let grown = snap.grown();
-        if let Some(g) = grown.first() {
-            let outside = v.metrics.iter().any(|m| {
-                m.status == Status::Fail && m.location.as_deref().is_some_and(|l| l.starts_with("outside the heap"))
-            });
-            if outside {
-                let total: u64 = grown.iter().map(|g| g.grown_bytes).sum();
-                let name = format!("{} {} mapping {:#x}-{:#x}", g.name, g.perms, g.start, g.end);
-                let line = format!(
-                    "mapping: the {name} grew by {:.1} MiB between iterations {} and {} ({} ranges grew, {:.1} MiB in all)",
-                    g.grown_bytes as f64 / 1024.0 / 1024.0,
-                    snap.start_iter,
-                    snap.end_iter,
-                    grown.len(),
-                    total as f64 / 1024.0 / 1024.0
-                );
-                for m in v.metrics.iter_mut().filter(|m| m.status == Status::Fail) {
-                    if let Some(l) = &mut m.location {
-                        if l.starts_with("outside the heap") {
-                            l.push_str(&format!("; growing mapping: {name}"));
-                        }
-                    }
-                }
-                v.attribution.push(line);
-            }
-        }
+        name_grown_mapping(&snap, &mut v);
     }
     Ok((s, v))
 }
 
-/// Warm-up from the header, else a fifth of the run.
-pub fn default_config(s: &Samples) -> DetectorConfig {
-    let iterations = s.rows.iter().map(|r| r.iter).max().unwrap_or(0);
-    let warmup = s.header.warmup_iterations.unwrap_or(iterations / 5);
-    DetectorConfig { warmup_iterations: warmup, ..DetectorConfig::default() }
+/// Adds the mapping that grew most to every failure outside the heap.
+fn name_grown_mapping(snap: &MappingSnapshots, v: &mut Verdict) {
+    let grown = snap.grown();
+    let Some(g) = grown.first() else { return };
+    let outside = v
+        .metrics
+        .iter()
+        .any(|m| m.status == Status::Fail && m.location.as_deref().is_some_and(|l| l.starts_with("outside the heap")));
+    if !outside {
+        return;
+    }
+    let total: u64 = grown.iter().map(|g| g.grown_bytes).sum();
+    let name = format!("{} {} mapping {:#x}-{:#x}", g.name, g.perms, g.start, g.end);
+    let line = format!(
+        "mapping: the {name} grew by {:.1} MiB between iterations {} and {} ({} ranges grew, {:.1} MiB in all)",
+        g.grown_bytes as f64 / 1024.0 / 1024.0,
+        snap.start_iter,
+        snap.end_iter,
+        grown.len(),
+        total as f64 / 1024.0 / 1024.0
+    );
+    for m in v.metrics.iter_mut().filter(|m| m.status == Status::Fail) {
+        if let Some(l) = &mut m.location {
+            if l.starts_with("outside the heap") {
+                l.push_str(&format!("; growing mapping: {name}"));
+            }
+        }
+    }
+    v.attribution.push(line);
 }
 
 /// Writes verdict.json and the plots into `dir`. Plot failures are reported, not fatal.
@@ -136,7 +152,11 @@ pub fn write_outputs(dir: &Path, s: &Samples, v: &Verdict) -> std::io::Result<()
 pub fn describe(v: &Verdict) -> String {
     let mut out = format!("verdict: {}{}\n", v.summary, if v.incomplete { " (incomplete)" } else { "" });
     for m in v.metrics.iter().filter(|m| m.status != Status::Pass) {
-        let status = if m.status == Status::Fail { "FAIL" } else { "warn" };
+        let status = match m.status {
+            Status::Fail => "FAIL",
+            Status::Inconclusive => "inconclusive",
+            _ => "warn",
+        };
         out.push_str(&format!("  {status} {} ({}): {}", m.name, m.kind, m.reason));
         if let Some(l) = &m.location {
             out.push_str(&format!(" [{l}]"));
@@ -145,6 +165,9 @@ pub fn describe(v: &Verdict) -> String {
     }
     for a in &v.attribution {
         out.push_str(&format!("  where: {a}\n"));
+    }
+    for w in &v.warnings {
+        out.push_str(&format!("  note: {w}\n"));
     }
     out
 }

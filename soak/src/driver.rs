@@ -18,11 +18,10 @@ use std::time::{Duration, Instant};
 use plateau_engine::{AbortOutcome, Engine, Injections, RequestStage, Role, WeightSource};
 use plateau_reports::{Header, SampleLine, Verdict, SAMPLES_SCHEMA};
 
-use crate::analysis::{judge_file, write_outputs, MappingSnapshots};
-use crate::detector::spec_of;
-use crate::detector::DetectorConfig;
+use crate::analysis::{judge_file, write_outputs, JudgeOptions, MappingSnapshots};
+use crate::detector::{spec_of, warmup_rule};
 use crate::pd::pair::{PdOptions, PdPair};
-use crate::probes::{sample_engine, ProcessProbes};
+use crate::probes::{sample_engine, ProcessProbes, Settle, PURGE_EVERY};
 use crate::scenario::{parse_duration_secs, Abort, PdMode, Phase, Scenario, Stage};
 use crate::system::System;
 use crate::workload::{rng_for, Workload};
@@ -66,6 +65,10 @@ pub struct RunOptions {
     pub scenario_source: String,
     /// Run a `[pd]` scenario with a process per role (TCP between them).
     pub pd_processes: bool,
+    /// `--warmup`: quiescent iterations the trend test skips (default: the scenario's).
+    pub warmup: Option<u64>,
+    /// `--tolerance` (default: the scenario's, else the detector's).
+    pub tolerance: Option<crate::detector::Tolerance>,
 }
 
 /// Why a run could not produce a verdict: bad input (exit 2) or the engine/harness failed (exit 3).
@@ -163,6 +166,7 @@ struct Driver<'a> {
     interval: Option<Duration>,
     iter: u64,
     interrupt: Arc<AtomicBool>,
+    /// Checks that failed at the last quiescent point (named), for the progress line.
     accounting: Option<String>,
     aborts: AbortCounts,
     rss_bytes: f64,
@@ -172,18 +176,27 @@ impl Driver<'_> {
     fn sample(&mut self, quiescent: bool) -> Result<(), RunError> {
         let mut values = BTreeMap::new();
         let mut cost_us = BTreeMap::new();
-        self.probes.sample("", quiescent, &mut values, &mut cost_us);
+        let settle = match quiescent {
+            false => Settle::None,
+            true if self.iter % PURGE_EVERY == 0 => Settle::Purge,
+            true => Settle::Flush,
+        };
+        self.probes.sample("", settle, &mut values, &mut cost_us);
         let t0 = Instant::now();
         let stats = self.engine.stats();
         sample_engine(&stats, "", &mut values);
+        self.engine.sample_processes(settle, &mut values);
         cost_us.insert("engine".into(), t0.elapsed().as_secs_f64() * 1e6);
-        if quiescent && self.accounting.is_none() {
+        let mut checks = BTreeMap::new();
+        if quiescent {
             if let Err(v) = self.engine.check_idle() {
                 self.accounting = Some(v.iter().map(|x| x.metric.clone()).collect::<Vec<_>>().join(", "));
+                checks.extend(v.into_iter().map(|x| (x.metric, x.detail)));
             }
         }
         self.rss_bytes = values.get("proc.rss").copied().unwrap_or(0.0);
-        let line = SampleLine { t: self.start.elapsed().as_secs_f64(), iter: self.iter, quiescent, values, cost_us };
+        let line =
+            SampleLine { t: self.start.elapsed().as_secs_f64(), iter: self.iter, quiescent, values, cost_us, checks };
         serde_json::to_writer(&mut self.out, &line).map_err(|e| self.io_err(e.into()))?;
         self.out.write_all(b"\n").map_err(|e| self.io_err(e))?;
         self.last_sample = Instant::now();
@@ -370,11 +383,14 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         .map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
     let samples_path = opts.out_dir.join("samples.jsonl");
     let file = File::create(&samples_path).map_err(|e| RunError::Input(format!("{}: {e}", samples_path.display())))?;
-    let warmup = scenario.soak.warmup_iterations.min(limit / 2);
+    let known_length = (limit != MAX_ITERATIONS).then_some(limit);
+    let warmup =
+        warmup_rule(opts.warmup, Some(scenario.soak.warmup_iterations), known_length).map_err(RunError::Input)?;
     let mut metrics = ProcessProbes::specs("");
     for m in engine.stats() {
         metrics.insert(m.name.clone(), spec_of(&m));
     }
+    metrics.extend(engine.process_specs());
     let header = Header {
         schema: SAMPLES_SCHEMA.into(),
         scenario: scenario.name.clone(),
@@ -470,9 +486,14 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     let (iterations_done, aborts) = (d.iter, d.aborts);
     drop(d);
     write_json(&opts.out_dir.join("mappings.json"), &snapshots)?;
-    let cfg = DetectorConfig { warmup_iterations: warmup, ..DetectorConfig::default() };
-    let (samples, verdict) = judge_file(&samples_path, Some(cfg), interrupted)
-        .map_err(|e| RunError::Harness(format!("reading back: {e}")))?;
+    // The warm-up is in the header: a run shorter than it is inconclusive, not an input error.
+    let judge = JudgeOptions {
+        warmup: None,
+        tolerance: opts.tolerance.or_else(|| scenario.soak.tolerance()),
+        tolerance_explicit: opts.tolerance.is_some() || scenario.soak.tolerance.is_some(),
+        incomplete: interrupted,
+    };
+    let (samples, verdict) = judge_file(&samples_path, &judge).map_err(RunError::Input)?;
     write_outputs(&opts.out_dir, &samples, &verdict)
         .map_err(|e| RunError::Harness(format!("{}: {e}", opts.out_dir.display())))?;
     Ok(RunResult {

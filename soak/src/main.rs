@@ -1,5 +1,6 @@
 //! The `plateau` command. Exit codes, for every subcommand: 0 pass; 1 growth or leak detected;
-//! 2 usage or input error; 3 the engine or the harness itself failed.
+//! 2 usage or input error; 3 the engine or the harness itself failed; 4 inconclusive (too little
+//! evidence to judge).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,8 +9,8 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use plateau_engine::{Injection, Injections};
-use plateau_soak::analysis::{describe, judge_file, write_outputs};
-use plateau_soak::detector::DetectorConfig;
+use plateau_soak::analysis::{describe, judge_file, write_outputs, JudgeOptions};
+use plateau_soak::detector::Tolerance;
 use plateau_soak::driver::{self, Progress, RunError, RunOptions};
 use plateau_soak::scenario::{Scenario, SHIPPED};
 
@@ -17,6 +18,18 @@ const PASS: u8 = 0;
 const LEAK: u8 = 1;
 const USAGE: u8 = 2;
 const HARNESS: u8 = 3;
+const INCONCLUSIVE: u8 = 4;
+
+/// The exit code of a verdict: fail 1, inconclusive 4, pass 0.
+fn verdict_code(v: &plateau_reports::Verdict) -> u8 {
+    if v.failed() {
+        LEAK
+    } else if v.inconclusive() {
+        INCONCLUSIVE
+    } else {
+        PASS
+    }
+}
 
 #[derive(Parser)]
 #[command(
@@ -26,7 +39,8 @@ const HARNESS: u8 = 3;
     long_about = "plateau drives its engine through a scenario script, again and again, samples jemalloc, \
 the kernel's view of the process and every engine registry, and fails the run on growth that does \
 not level off.\n\nExit codes: 0 pass; 1 growth or leak detected; 2 usage or input error; \
-3 the engine or the harness itself failed."
+3 the engine or the harness itself failed; 4 inconclusive (too little evidence to judge: a run \
+too short for its warm-up, a metric with no quiescent values). Nothing unjudged passes."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -65,6 +79,13 @@ enum Cmd {
         /// Run a prefill/decode scenario with a process per role, TCP between them.
         #[arg(long)]
         pd_processes: bool,
+        /// Quiescent iterations the trend test skips (default: the scenario's, 20 unless it says).
+        #[arg(long)]
+        warmup: Option<u64>,
+        /// Byte growth to accept, per request or per iteration: 64B/request, 1KiB/iteration, 0
+        /// (default: the scenario's, else 1B/request).
+        #[arg(long)]
+        tolerance: Option<Tolerance>,
     },
     /// Serve one engine of a prefill/decode pair over TCP (started by `run --pd-processes`).
     Node {
@@ -91,9 +112,13 @@ enum Cmd {
         /// Where to write verdict.json and plots (default: next to the samples).
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Quiescent iterations to skip before trend tests (default: the header's, else a fifth).
+        /// Quiescent iterations to skip before trend tests (default: the header's, else 20).
         #[arg(long)]
         warmup: Option<u64>,
+        /// Byte growth to accept, per request or per iteration: 64B/request, 1KiB/iteration, 0
+        /// (default 1B/request).
+        #[arg(long)]
+        tolerance: Option<Tolerance>,
     },
     /// List the shipped scenarios and the leak injections.
     List,
@@ -139,6 +164,8 @@ fn dispatch(cli: Cli) -> u8 {
             sample_interval_ms,
             quiet,
             pd_processes,
+            warmup,
+            tolerance,
         } => {
             let (s, _) = match Scenario::load(&scenario) {
                 Ok(s) => s,
@@ -164,6 +191,8 @@ fn dispatch(cli: Cli) -> u8 {
                 interrupt,
                 scenario_source: scenario.clone(),
                 pd_processes,
+                warmup,
+                tolerance,
             };
             match driver::run(&s, &opts) {
                 Ok(r) => {
@@ -188,7 +217,10 @@ fn dispatch(cli: Cli) -> u8 {
                         eprintln!("plateau: interrupted: the verdict is incomplete");
                         HARNESS
                     } else {
-                        PASS
+                        if r.verdict.inconclusive() {
+                            eprintln!("plateau: inconclusive: too little evidence to judge; run longer (nothing here is a pass)");
+                        }
+                        verdict_code(&r.verdict)
                     }
                 }
                 Err(RunError::Input(m)) => {
@@ -201,9 +233,9 @@ fn dispatch(cli: Cli) -> u8 {
                 }
             }
         }
-        Cmd::Analyze { samples, out, warmup } => {
-            let cfg = warmup.map(|w| DetectorConfig { warmup_iterations: w, ..DetectorConfig::default() });
-            let (s, v) = match judge_file(&samples, cfg, false) {
+        Cmd::Analyze { samples, out, warmup, tolerance } => {
+            let o = JudgeOptions { warmup, tolerance, tolerance_explicit: tolerance.is_some(), incomplete: false };
+            let (s, v) = match judge_file(&samples, &o) {
                 Ok(x) => x,
                 Err(e) => {
                     eprintln!("plateau: {e}");
@@ -216,11 +248,7 @@ fn dispatch(cli: Cli) -> u8 {
                 return HARNESS;
             }
             eprint!("{}", describe(&v));
-            if v.failed() {
-                LEAK
-            } else {
-                PASS
-            }
+            verdict_code(&v)
         }
         Cmd::List => {
             println!("scenarios:");
@@ -288,7 +316,7 @@ fn node(role: &str, listen: &str, scenario: &str, seed: u64, inject: Vec<Injecti
 }
 
 fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
-    let load = |dir: &Path| judge_file(&dir.join("samples.jsonl"), None, false);
+    let load = |dir: &Path| judge_file(&dir.join("samples.jsonl"), &JudgeOptions::default());
     let (s, v) = match load(run_dir) {
         Ok(x) => x,
         Err(e) => {
@@ -318,11 +346,7 @@ fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
             println!("{:<32} {:>18} {:>18}", m.name, fmt(theirs), fmt(m.trend.as_ref()));
         }
     }
-    if v.failed() {
-        LEAK
-    } else {
-        PASS
-    }
+    verdict_code(&v)
 }
 
 /// UTC time as YYYYmmdd-HHMMSS, for default run directories.

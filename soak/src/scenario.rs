@@ -169,11 +169,28 @@ pub struct SoakSection {
     /// Timer samples between quiescent points.
     pub sample_interval_ms: u64,
     pub seed: u64,
+    /// Byte growth accepted per request or per iteration (`64B/request`); None: the detector's
+    /// default (`--tolerance` overrides it).
+    pub tolerance: Option<String>,
 }
 
 impl Default for SoakSection {
     fn default() -> Self {
-        SoakSection { iterations: 200, duration: None, warmup_iterations: 20, sample_interval_ms: 1000, seed: 0 }
+        SoakSection {
+            iterations: 200,
+            duration: None,
+            warmup_iterations: crate::detector::DEFAULT_WARMUP_ITERATIONS,
+            sample_interval_ms: 1000,
+            seed: 0,
+            tolerance: None,
+        }
+    }
+}
+
+impl SoakSection {
+    /// The tolerance, parsed (validated at load, so only a programming error can fail here).
+    pub fn tolerance(&self) -> Option<crate::detector::Tolerance> {
+        self.tolerance.as_deref().and_then(|t| t.parse().ok())
     }
 }
 
@@ -522,6 +539,20 @@ impl Scenario {
             if let Err(m) = parse_duration_secs(d) {
                 return fail(soak("duration"), m);
             }
+        }
+        if let Some(t) = &self.soak.tolerance {
+            if let Err(m) = t.parse::<crate::detector::Tolerance>() {
+                return fail(soak("tolerance"), m);
+            }
+        }
+        if self.soak.duration.is_none() && self.soak.warmup_iterations >= self.soak.iterations {
+            return fail(
+                soak("warmup_iterations"),
+                format!(
+                    "{} is at or past the run's length ({} iterations): nothing would be judged",
+                    self.soak.warmup_iterations, self.soak.iterations
+                ),
+            );
         }
         for (i, p) in self.phases.iter().enumerate() {
             let at = |key| Place { section: Some(("phase", i)), key };

@@ -1,10 +1,13 @@
 //! What the driver runs a scenario against: one engine, or a prefill/decode pair with its router
 //! and transport. Both answer the same calls, so phases, aborts and sampling are written once.
 
+use std::collections::BTreeMap;
+
 use plateau_engine::{
     AbortOutcome, Engine, EngineConfig, EngineError, IdleViolation, Metric, ModelConfig, Request, RequestStage,
     WeightSource,
 };
+use plateau_reports::MetricSpec;
 
 pub trait System {
     fn add_request(&mut self, r: Request) -> Result<(), EngineError>;
@@ -32,6 +35,14 @@ pub trait System {
     fn anon_mappings(&self) -> Option<Vec<crate::probes::AnonMapping>> {
         None
     }
+    /// Specs of the process probes of other processes this system runs in, role-prefixed
+    /// (`decode.proc.rss_anon`); empty when everything runs in this process.
+    fn process_specs(&self) -> BTreeMap<String, MetricSpec> {
+        BTreeMap::new()
+    }
+    /// Samples those processes' probes into `values`, as measured (negative values kept), each
+    /// settled as `settle` says.
+    fn sample_processes(&self, _settle: crate::probes::Settle, _values: &mut BTreeMap<String, f64>) {}
 }
 
 impl System for Engine {

@@ -29,9 +29,11 @@ fn verdict(dir: &Path) -> serde_json::Value {
 #[test]
 fn clean_run_passes_and_writes_its_files() {
     let d = tmp("clean");
-    let o = plateau(&["run", &scenario("n-sampling"), "--iterations", "30", "--out", d.to_str().unwrap(), "--quiet"]);
+    // 70 iterations: 50 after warm-up, so that the page-level gauges, sampled at every fourth
+    // quiescent point, have their 12 points.
+    let o = plateau(&["run", &scenario("n-sampling"), "--iterations", "70", "--out", d.to_str().unwrap(), "--quiet"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    for f in ["samples.jsonl", "verdict.json", "memory.svg", "memory.png", "registries.svg", "registries.png"] {
+    for f in ["samples.jsonl", "verdict.json", "memory.svg", "memory.png", "counts.svg", "counts.png"] {
         assert!(d.join(f).exists(), "{f} missing");
     }
     let v = verdict(&d);
@@ -89,7 +91,7 @@ fn pd_mmap_hook_is_reported_outside_the_heap_with_its_mapping() {
     assert!(attribution.iter().any(|a| a.starts_with("outside the heap")), "{attribution:?}");
     assert!(attribution.iter().any(|a| a.starts_with("mapping:")), "{attribution:?}");
     let heap = v["metrics"].as_array().unwrap().iter().find(|m| m["name"] == "jemalloc.allocated").unwrap();
-    assert_eq!(heap["status"], "pass", "the heap stays flat");
+    assert_ne!(heap["status"], "fail", "the heap stays (nearly) flat: {}", heap["reason"]);
 }
 
 #[test]
@@ -100,7 +102,7 @@ fn pd_across_processes_passes_clean_and_catches_the_mmap_hook_in_the_decode_proc
         "pd-transfer",
         "--pd-processes",
         "--iterations",
-        "30",
+        "70",
         "--out",
         d.to_str().unwrap(),
         "--quiet",
@@ -108,6 +110,8 @@ fn pd_across_processes_passes_clean_and_catches_the_mmap_hook_in_the_decode_proc
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let samples = std::fs::read_to_string(d.join("samples.jsonl")).unwrap();
     assert!(samples.lines().next().unwrap().contains("decode.proc.anon_outside_heap"), "role-prefixed process metrics");
+    // Process probes cross the wire as measured: memory outside the heap may be negative.
+    assert!(samples.contains("\"decode.proc.anon_outside_heap\":-"), "negative values kept");
     let d = tmp("pd-procs-mmap");
     let o = plateau(&[
         "run",
@@ -131,11 +135,8 @@ fn pd_across_processes_passes_clean_and_catches_the_mmap_hook_in_the_decode_proc
         .map(|m| m["name"].as_str().unwrap())
         .collect();
     assert!(failing.contains(&"decode.proc.anon_outside_heap"), "{failing:?}");
-    assert!(v["attribution"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|a| a.as_str().unwrap().contains("decode.jemalloc.allocated stays flat")));
+    assert!(v["attribution"].as_array().unwrap().iter().any(|a| a.as_str().unwrap().starts_with("outside the heap")
+        && a.as_str().unwrap().contains("decode.jemalloc.allocated")));
 }
 
 #[test]
@@ -172,7 +173,8 @@ fn usage_and_scenario_errors_exit_2_with_a_clear_message() {
         let err = stderr(&o);
         assert!(err.contains("backend cuda: no CUDA driver found") && !err.contains("panicked"), "{err}");
         let o = plateau(&["run", "n-sampling", "--iterations", "2", "--backend", "auto", "--out", d.to_str().unwrap()]);
-        assert_eq!(o.status.code(), Some(0), "auto falls back to cpu: {}", stderr(&o));
+        // It runs on the CPU; two iterations are too few to judge (exit 4), which is no error.
+        assert_eq!(o.status.code(), Some(4), "auto falls back to cpu: {}", stderr(&o));
     } else {
         eprintln!("skipped the no-CUDA checks: a CUDA device is present");
     }
@@ -197,6 +199,59 @@ fn bad_samples_files_exit_2_naming_line_and_field() {
     }
     let o = plateau(&["analyze", d.join("missing.jsonl").to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
+    let row = |t: f64, v: u64| format!("{{\"t\":{t},\"iter\":{v},\"quiescent\":true,\"values\":{{\"a\":{v}}}}}");
+    let rows: Vec<String> = (1..=40).map(|i| row(i as f64 * 0.1, i)).collect();
+    let more = [
+        (
+            "kib",
+            format!("{}\n{}\n", header.replace(r#""unit":"bytes""#, r#""unit":"KiB""#), rows.join("\n")),
+            ":1: metrics.a.unit",
+        ),
+        ("time", format!("{header}\n{}\n{}\n{}\n", row(0.5, 1), row(0.5, 2), rows.join("\n")), ":3: t"),
+    ];
+    for (name, text, want) in more {
+        let f = d.join(format!("{name}.jsonl"));
+        std::fs::write(&f, text).unwrap();
+        let o = plateau(&["analyze", f.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{name}: {}", stderr(&o));
+    }
+    let good = d.join("good.jsonl");
+    std::fs::write(&good, format!("{header}\n{}\n", rows.join("\n"))).unwrap();
+    let o = plateau(&["analyze", good.to_str().unwrap(), "--warmup", "40"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--warmup 40 is at or past the run's length (40 iterations)"), "{}", stderr(&o));
+    let o = plateau(&["analyze", good.to_str().unwrap(), "--tolerance", "64B/request"]);
+    assert_eq!(o.status.code(), Some(2), "no request counter for a per-request tolerance: {}", stderr(&o));
+    let o = plateau(&["analyze", good.to_str().unwrap(), "--tolerance", "1MiB/hour"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("machine's speed"), "{}", stderr(&o));
+}
+
+#[test]
+fn too_little_evidence_is_inconclusive_exit_4_everywhere() {
+    let d = tmp("short");
+    let o = plateau(&["run", "n-sampling", "--iterations", "10", "--out", d.to_str().unwrap(), "--quiet"]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    let v = verdict(&d);
+    assert_eq!(v["verdict"], "inconclusive");
+    assert!(stderr(&o).contains("inconclusive"), "{}", stderr(&o));
+    let o = plateau(&["analyze", d.join("samples.jsonl").to_str().unwrap(), "--out", d.join("a").to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    let o = plateau(&["report", d.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    // A header with no metrics, and a per-request metric never seen at a quiescent point.
+    let header = r#"{"schema":"plateau.samples.v1","scenario":"s","seed":1,"backend":"cpu","metrics":{}}"#;
+    let f = d.join("none.jsonl");
+    std::fs::write(&f, format!("{header}\n{{\"t\":1,\"iter\":1,\"quiescent\":true,\"values\":{{}}}}\n")).unwrap();
+    assert_eq!(plateau(&["analyze", f.to_str().unwrap()]).status.code(), Some(4));
+    let header = r#"{"schema":"plateau.samples.v1","scenario":"s","seed":1,"backend":"cpu","metrics":{"registry.r":{"kind":"per_request","unit":"count"}}}"#;
+    std::fs::write(
+        &f,
+        format!("{header}\n{{\"t\":1,\"iter\":1,\"quiescent\":false,\"values\":{{\"registry.r\":3}}}}\n"),
+    )
+    .unwrap();
+    assert_eq!(plateau(&["analyze", f.to_str().unwrap()]).status.code(), Some(4));
 }
 
 #[test]

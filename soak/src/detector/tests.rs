@@ -7,7 +7,7 @@ use super::{analyze, DetectorConfig};
 /// Samples of one gauge `g` (bytes) over `n` quiescent iterations, one per 0.05 s.
 fn gauge(n: u64, f: impl Fn(u64) -> f64) -> Samples {
     let mut metrics = BTreeMap::new();
-    metrics.insert("g".to_string(), MetricSpec { kind: Kind::Gauge, unit: "bytes".into(), capacity: None });
+    metrics.insert("g".to_string(), MetricSpec::new(Kind::Gauge, "bytes"));
     Samples {
         header: Header {
             schema: SAMPLES_SCHEMA.into(),
@@ -19,8 +19,9 @@ fn gauge(n: u64, f: impl Fn(u64) -> f64) -> Samples {
             injections: vec![],
         },
         names: vec!["g".into()],
-        rows: (1..=n).map(|i| Row { t: i as f64 * 0.05, iter: i, quiescent: true, values: vec![Some(f(i))] }).collect(),
+        rows: (1..=n).map(|i| Row::new(i as f64 * 0.05, i, true, vec![Some(f(i))])).collect(),
         truncated_tail: false,
+        warnings: vec![],
     }
 }
 
@@ -67,19 +68,154 @@ fn a_one_off_step_passes() {
     assert_ne!(status(&s), Status::Fail);
 }
 
+/// Default run length: 200 iterations, warm-up 20 (the thresholds are tested at it).
+const N: u64 = 200;
+
+fn with_spec(mut s: Samples, unit: &str, quantum: f64) -> Samples {
+    s.header.metrics.insert("g".into(), MetricSpec { quantum: Some(quantum), ..MetricSpec::new(Kind::Gauge, unit) });
+    s
+}
+
 #[test]
-fn one_page_is_not_a_leak() {
-    // 4 KiB over the whole run: significant, but negligible.
-    let s = gauge(300, |i| BASE + (i as f64 / 300.0 * 4096.0).floor());
-    assert_eq!(status(&s), Status::Pass);
+fn one_page_more_is_not_a_trend_three_spread_pages_are() {
+    // MIN_QUANTA: RSS moves in pages; two pages over the run are what settling does once...
+    let two = with_spec(gauge(N, |i| BASE + 4096.0 * ((i >= 90) as u64 + (i >= 150) as u64) as f64), "bytes", 4096.0);
+    assert_eq!(status(&two), Status::Pass);
+    // ...a page every 20 iterations, never returned, is growth.
+    let many = with_spec(gauge(N, |i| BASE + 4096.0 * (i / 20) as f64), "bytes", 4096.0);
+    assert_eq!(status(&many), Status::Fail);
+}
+
+#[test]
+fn counts_fail_on_a_few_descriptors_that_never_return() {
+    // MIN_TAIL_QUANTA: one descriptor leaked every 25 iterations: 7 after warm-up, 3-4 in the
+    // last half, with no floor of 16.
+    let fds = with_spec(gauge(N, |i| 11.0 + (i / 25) as f64), "count", 1.0);
+    let v = analyze(&fds, &DetectorConfig::default(), false);
+    assert_eq!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
+    // One thread started once and kept: a step, not a leak.
+    let once = with_spec(gauge(N, |i| 2.0 + (i >= 100) as u64 as f64), "count", 1.0);
+    assert_ne!(status(&once), Status::Fail);
+}
+
+#[test]
+fn a_drift_within_the_noise_is_not_a_trend_and_twice_beyond_is() {
+    // NOISE_SCALES: a series that wanders by +-400 B drifting by 200 B over the run passes...
+    let drift = gauge(N, |i| BASE + jitter(i, 700.0) + i as f64);
+    assert_eq!(status(&drift), Status::Pass);
+    // ...and 64 B/iteration over the same noise fails.
+    let leak = gauge(N, |i| BASE + jitter(i, 700.0) + 64.0 * i as f64);
+    assert_eq!(status(&leak), Status::Fail);
+}
+
+#[test]
+fn a_slowing_rise_is_reported_not_failed() {
+    // TAIL_FRACTION: 4 KiB/iteration until iteration 110, then 200 B/iteration (a twentieth).
+    let s = gauge(N, |i| BASE + 4096.0 * i.min(110) as f64 + 200.0 * i.saturating_sub(110) as f64);
+    let v = analyze(&s, &DetectorConfig::default(), false);
+    assert_eq!(v.metrics[0].status, Status::Warn, "{}", v.metrics[0].reason);
+    assert!(v.metrics[0].reason.contains("slowing"), "{}", v.metrics[0].reason);
+    // Half the rate still growing is a leak.
+    let s = gauge(N, |i| BASE + 4096.0 * i.min(110) as f64 + 2048.0 * i.saturating_sub(110) as f64);
+    assert_eq!(status(&s), Status::Fail);
+}
+
+#[test]
+fn a_late_step_passes_and_a_step_that_keeps_climbing_fails() {
+    // STEP_NOISE_SCALES, LEVEL_FRACTION: a one-off step at 80% of the run...
+    let step = gauge(N, |i| BASE + jitter(i, 500.0) + if i >= 160 { 8.0 * 1024.0 * 1024.0 } else { 0.0 });
+    let v = analyze(&step, &DetectorConfig::default(), false);
+    assert_ne!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
+    // ...and a step at half-way followed by steady growth.
+    let climb = gauge(N, |i| {
+        BASE + jitter(i, 500.0) + if i >= 100 { 8.0 * 1024.0 * 1024.0 + 4096.0 * (i - 100) as f64 } else { 0.0 }
+    });
+    let v = analyze(&climb, &DetectorConfig::default(), false);
+    assert_eq!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
+    // A staircase of large chunks is not one step.
+    let stairs = gauge(N, |i| BASE + jitter(i, 500.0) + 65536.0 * (i / 15) as f64);
+    assert_eq!(status(&stairs), Status::Fail);
+}
+
+#[test]
+fn too_few_points_are_inconclusive() {
+    // min_points: 11 judged points are not enough, 12 are.
+    let cfg = DetectorConfig { warmup_iterations: 20, ..DetectorConfig::default() };
+    let v = analyze(&gauge(31, |i| BASE + 4096.0 * i as f64), &cfg, false);
+    assert_eq!((v.verdict, v.metrics[0].status), (Status::Inconclusive, Status::Inconclusive));
+    let v = analyze(&gauge(32, |i| BASE + 4096.0 * i as f64), &cfg, false);
+    assert_eq!(v.verdict, Status::Fail);
+}
+
+#[test]
+fn the_verdict_does_not_depend_on_the_machine_speed() {
+    let leak = |dt: f64| {
+        let mut s = gauge(N, |i| BASE + jitter(i, 300.0) + 48.0 * i as f64);
+        for r in &mut s.rows {
+            r.t = r.iter as f64 * dt;
+        }
+        let v = analyze(&s, &DetectorConfig::default(), false);
+        (v.verdict, v.metrics[0].first_iter)
+    };
+    assert_eq!(leak(0.03), leak(10.0));
+    assert_eq!(leak(0.03).0, Status::Fail);
+}
+
+#[test]
+fn the_tolerance_is_per_iteration_or_per_request() {
+    let mut s = gauge(N, |i| BASE + 48.0 * i as f64);
+    s.header.metrics.insert("engine.requests_added".into(), MetricSpec::new(Kind::Counter, "count"));
+    s.names = s.header.metrics.keys().cloned().collect();
+    for r in &mut s.rows {
+        // Names sort: engine.requests_added, g.
+        r.values = vec![Some(20.0 * r.iter as f64), r.values[0]];
+    }
+    let judge = |t: &str| {
+        let cfg = DetectorConfig { tolerance: t.parse().unwrap(), ..DetectorConfig::default() };
+        let v = analyze(&s, &cfg, false);
+        assert_eq!(v.requests_per_iter, Some(20.0));
+        v.metrics.iter().find(|m| m.name == "g").unwrap().status
+    };
+    // 48 B/iteration at 20 requests per iteration is 2.4 B/request.
+    assert_eq!(judge("1B/request"), Status::Fail);
+    assert_eq!(judge("3B/request"), Status::Pass);
+    assert_eq!(judge("64B/iteration"), Status::Pass);
+    assert_eq!(judge("0"), Status::Fail);
+}
+
+#[test]
+fn every_judged_gauge_states_its_resolution_and_a_failure_its_cost() {
+    let v = analyze(&gauge(N, |i| BASE + jitter(i, 300.0) + 256.0 * i as f64), &DetectorConfig::default(), false);
+    let m = &v.metrics[0];
+    let t = m.trend.as_ref().unwrap();
+    assert!(t.resolution_per_iter > 0.0 && t.resolution_per_iter < 256.0, "{t:?}");
+    let p = m.projected.as_ref().unwrap();
+    assert!((p.per_day.unwrap() - 256.0 * 86_400.0 / 0.05).abs() < 256.0 * 86_400.0 / 0.05 * 0.01, "{p:?}");
+}
+
+#[test]
+fn a_counter_that_goes_down_fails() {
+    let mut s = gauge(40, |i| i as f64);
+    s.header.metrics.insert("g".into(), MetricSpec::new(Kind::Counter, "count"));
+    s.rows[30].values[0] = Some(3.0);
+    let v = analyze(&s, &DetectorConfig::default(), false);
+    assert_eq!((v.metrics[0].status, v.metrics[0].first_iter), (Status::Fail, Some(31)));
+}
+
+#[test]
+fn failed_idle_checks_are_exact_failures_with_their_first_iteration() {
+    let mut s = gauge(50, |_| BASE);
+    s.rows[9].checks.insert("check.kv_accounting".into(), "free + cached + used != total".into());
+    s.rows[12].checks.insert("check.kv_accounting".into(), "free + cached + used != total".into());
+    let v = analyze(&s, &DetectorConfig::default(), false);
+    let m = v.metrics.iter().find(|m| m.name == "check.kv_accounting").unwrap();
+    assert_eq!((m.status, m.first_iter, m.kind.as_str()), (Status::Fail, Some(10), "check"));
 }
 
 #[test]
 fn per_request_fails_at_the_first_leaked_entry() {
     let mut s = gauge(50, |_| BASE);
-    s.header
-        .metrics
-        .insert("registry.r".into(), MetricSpec { kind: Kind::PerRequest, unit: "count".into(), capacity: None });
+    s.header.metrics.insert("registry.r".into(), MetricSpec::new(Kind::PerRequest, "count"));
     s.names = s.header.metrics.keys().cloned().collect();
     for r in &mut s.rows {
         let leaked = if r.iter >= 7 { 1.0 } else { 0.0 };
@@ -99,7 +235,7 @@ fn bounded_fails_above_capacity() {
     let mut s = gauge(30, |_| BASE);
     s.header
         .metrics
-        .insert("registry.b".into(), MetricSpec { kind: Kind::Bounded, unit: "count".into(), capacity: Some(4) });
+        .insert("registry.b".into(), MetricSpec { capacity: Some(4), ..MetricSpec::new(Kind::Bounded, "count") });
     s.names = s.header.metrics.keys().cloned().collect();
     for r in &mut s.rows {
         r.values = vec![r.values[0], Some(if r.iter == 12 { 5.0 } else { 4.0 })];

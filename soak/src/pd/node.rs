@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::region::RegionCache;
 use super::wire::{read_frame, write_frame, WireError};
-use crate::probes::{AnonMapping, ProcessProbes};
+use crate::probes::{AnonMapping, ProcessProbes, Settle};
 
 /// A call from the controller (or, for `ExportKv`, from the decode peer).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -52,6 +52,10 @@ pub enum Call {
         blocks: Vec<u32>,
     },
     Stats,
+    /// The node process's own probes (allocator, /proc), settled as the controller says.
+    Probes {
+        settle: Settle,
+    },
     CheckIdle,
     Held,
     Mappings,
@@ -75,7 +79,9 @@ pub enum Reply {
     /// The KV is in the frame's blob.
     Kv,
     Stats(Vec<WireMetric>),
-    Idle(Vec<String>),
+    Probes(Vec<WireMetric>),
+    /// Failed idle checks: (metric or check name, what it found).
+    Idle(Vec<(String, String)>),
     Count(usize),
     Mappings(Vec<AnonMapping>),
 }
@@ -88,6 +94,8 @@ pub struct WireMetric {
     pub unit: String,
     pub capacity: Option<u64>,
     pub value: f64,
+    #[serde(default)]
+    pub quantum: Option<f64>,
 }
 
 struct Node {
@@ -171,9 +179,36 @@ impl Node {
                 Err(m) => Reply::Failed(m),
             },
             Call::Stats => {
+                let mut out = Vec::new();
+                for m in self.engine.stats() {
+                    let (kind, capacity) = kind_name(m.kind);
+                    out.push(WireMetric {
+                        name: m.name,
+                        kind,
+                        unit: m.unit.into(),
+                        capacity,
+                        value: m.value as f64,
+                        quantum: None,
+                    });
+                }
+                let r = &self.regions;
+                out.push(WireMetric {
+                    name: "registry.transport.regions".into(),
+                    kind: "bounded".into(),
+                    unit: "count".into(),
+                    capacity: Some(r.capacity() as u64),
+                    value: r.len() as f64,
+                    quantum: None,
+                });
+                Reply::Stats(out)
+            }
+            Call::Probes { settle } => {
                 let (mut values, mut cost) = (BTreeMap::new(), BTreeMap::new());
-                self.probes.sample("", true, &mut values, &mut cost);
-                let mut out: Vec<WireMetric> = ProcessProbes::specs("")
+                self.probes.sample("", settle, &mut values, &mut cost);
+                // Values as measured, negative ones included (memory outside the heap is RssAnon
+                // minus the allocator's resident pages, below zero while the heap has pages the
+                // kernel has not yet counted).
+                let out = ProcessProbes::specs("")
                     .into_iter()
                     .filter_map(|(name, spec)| {
                         let value = *values.get(&name)?;
@@ -183,26 +218,15 @@ impl Node {
                             unit: spec.unit,
                             capacity: spec.capacity,
                             value,
+                            quantum: spec.quantum,
                         })
                     })
                     .collect();
-                for m in self.engine.stats() {
-                    let (kind, capacity) = kind_name(m.kind);
-                    out.push(WireMetric { name: m.name, kind, unit: m.unit.into(), capacity, value: m.value as f64 });
-                }
-                let r = &self.regions;
-                out.push(WireMetric {
-                    name: "registry.transport.regions".into(),
-                    kind: "bounded".into(),
-                    unit: "count".into(),
-                    capacity: Some(r.capacity() as u64),
-                    value: r.len() as f64,
-                });
-                Reply::Stats(out)
+                Reply::Probes(out)
             }
             Call::CheckIdle => Reply::Idle(match e.check_idle() {
                 Ok(()) => vec![],
-                Err(v) => v.into_iter().map(|v| v.metric).collect(),
+                Err(v) => v.into_iter().map(|v| (v.metric, v.detail)).collect(),
             }),
             Call::Held => Reply::Count(e.held_transfers()),
             Call::Mappings => Reply::Mappings(self.probes.anon_mappings()),

@@ -3,6 +3,7 @@
 //! own process, so metrics carry their role (`decode.proc.anon_outside_heap`).
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, BufWriter};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -12,10 +13,12 @@ use plateau_engine::{
     RequestStage, WeightSource,
 };
 
+use plateau_reports::MetricSpec;
+
 use super::node::{Call, Reply, WireMetric};
 use super::router::{Route, Router};
 use super::wire::{read_frame, write_frame};
-use crate::probes::AnonMapping;
+use crate::probes::{AnonMapping, ProcessProbes, Settle};
 use crate::system::System;
 
 struct Client {
@@ -87,6 +90,7 @@ fn spawn(role: &'static str, spec: &NodeSpec, peer: Option<&str>) -> Result<(Chi
     Ok((child, Client { r: BufReader::new(s), w, role }))
 }
 
+/// An engine metric from a node (engine metrics are counts and sizes: never negative).
 fn to_metric(m: WireMetric, role: &str) -> Metric {
     let kind = match (m.kind.as_str(), m.capacity) {
         ("bounded", Some(c)) => MetricKind::Bounded { capacity: c },
@@ -95,7 +99,7 @@ fn to_metric(m: WireMetric, role: &str) -> Metric {
         _ => MetricKind::Gauge,
     };
     let unit = if m.unit == "bytes" { "bytes" } else { "count" };
-    Metric { name: format!("{role}.{}", m.name), kind, unit, value: m.value.max(0.0) as u64 }
+    Metric { name: format!("{role}.{}", m.name), kind, unit, value: m.value as u64 }
 }
 
 impl RemotePair {
@@ -233,14 +237,28 @@ impl System for RemotePair {
         out
     }
 
+    fn process_specs(&self) -> BTreeMap<String, MetricSpec> {
+        let mut m = ProcessProbes::specs("prefill.");
+        m.extend(ProcessProbes::specs("decode."));
+        m
+    }
+
+    fn sample_processes(&self, settle: Settle, values: &mut BTreeMap<String, f64>) {
+        for (role, c) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            if let Ok(Reply::Probes(ms)) = c.borrow_mut().call(&Call::Probes { settle }) {
+                values.extend(ms.into_iter().map(|m| (format!("{role}.{}", m.name), m.value)));
+            }
+        }
+    }
+
     fn check_idle(&self) -> Result<(), Vec<IdleViolation>> {
         let mut v = Vec::new();
         for (role, c) in [("prefill", &self.prefill), ("decode", &self.decode)] {
             match c.borrow_mut().call(&Call::CheckIdle) {
-                Ok(Reply::Idle(names)) => v.extend(names.into_iter().map(|n| IdleViolation {
+                Ok(Reply::Idle(names)) => v.extend(names.into_iter().map(|(n, detail)| IdleViolation {
                     metric: format!("{role}.{n}"),
                     value: 0,
-                    detail: format!("{role} node: {n} not idle"),
+                    detail: format!("{role} node: {detail}"),
                 })),
                 other => {
                     v.push(IdleViolation { metric: format!("{role}.node"), value: 0, detail: format!("{other:?}") })

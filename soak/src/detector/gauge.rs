@@ -1,0 +1,355 @@
+//! The trend layer for one gauge: does its quiescent series, after warm-up, grow without levelling
+//! off, at a rate this run can resolve?
+//!
+//! A gauge fails when all of these hold (each for a reason given at its test):
+//! 1. the rise is significant: Theil–Sen slope above the tolerance and a Mann–Kendall test,
+//!    corrected for autocorrelation (Hamed–Rao), below `p_value`;
+//! 2. it is more than noise in the metric's own units: at least `MIN_QUANTA` of its quantum over
+//!    the series (a page for RSS, one for counts, a byte for the exactly settled heap);
+//! 3. it has not levelled off: the last half alone rises significantly, at no less than a quarter
+//!    of the overall rate, by at least `MIN_QUANTA` quanta;
+//! 4. that last-half rise is not one step with flat ground on both sides (a cache that filled at
+//!    once, a buffer grown once).
+//!
+//! Every judged gauge also gets its resolution: the smallest steady rate that, added to this very
+//! series, fails it. It is found by trying, so it accounts for everything above, noise included.
+
+use plateau_reports::Status;
+
+use super::stats::{best_split, mad_scale, mann_kendall, median, theil_sen, MannKendall};
+use super::DetectorConfig;
+
+/// Growth smaller than this many quanta is never a trend: one page more RSS after a hundred
+/// iterations, one more descriptor, is what a settling process does once. Three in a row that
+/// never come back is a pattern a leak makes and a one-off does not.
+pub const MIN_QUANTA: f64 = 3.0;
+
+/// The last half must rise by at least this many quanta: two more descriptors in the last half
+/// of a 60-iteration run are already more than a one-off, and one is not.
+pub const MIN_TAIL_QUANTA: f64 = 2.0;
+
+/// Growth over the series must also exceed this many noise scales (the robust spread of the
+/// series around its line): a series that wanders by a few hundred bytes can drift by one spread
+/// over a run by chance, far less often by two, while a leak's growth keeps adding to it.
+pub const NOISE_SCALES: f64 = 2.0;
+
+/// A step must be this many noise scales high to be told apart from the noise around it.
+const STEP_NOISE_SCALES: f64 = 4.0;
+
+/// The last half must rise at least at this fraction of the overall rate to be "still growing":
+/// a series whose rate fell by three quarters is slowing towards a plateau, and is reported, not
+/// failed. A leak's rate does not fall that much within one run.
+const TAIL_FRACTION: f64 = 0.25;
+
+/// Steps tried when searching for the resolution: doubling from the first guess, then halving
+/// the bracket. Bounds the search's cost to this many judgements per metric.
+const RESOLUTION_DOUBLINGS: usize = 48;
+const RESOLUTION_BISECTIONS: usize = 5;
+
+/// What one gauge's series looks like to the detector.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    pub status: Status,
+    pub reason: String,
+    pub slope: f64,
+    pub mk: MannKendall,
+    pub tail_slope: f64,
+    pub tail_p: f64,
+    /// Growth over the judged series (slope times its span).
+    pub growth: f64,
+    pub noise: f64,
+}
+
+/// The series of one gauge after warm-up: iterations `x`, values `y`, and how it is judged.
+pub struct Series<'a> {
+    pub x: &'a [f64],
+    pub y: &'a [f64],
+    pub unit: &'a str,
+    pub quantum: f64,
+    pub tolerance_per_iter: f64,
+}
+
+pub fn fmt_value(v: f64, unit: &str) -> String {
+    if unit == "bytes" {
+        let a = v.abs();
+        if a >= 1024.0 * 1024.0 * 1024.0 {
+            format!("{:.2} GiB", v / 1024.0 / 1024.0 / 1024.0)
+        } else if a >= 1024.0 * 1024.0 {
+            format!("{:.2} MiB", v / 1024.0 / 1024.0)
+        } else if a >= 1024.0 {
+            format!("{:.1} KiB", v / 1024.0)
+        } else if a >= 10.0 || a == 0.0 {
+            format!("{v:.0} B")
+        } else {
+            format!("{v:.2} B")
+        }
+    } else if v.abs() >= 10.0 || v == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// Judges a series with at least `cfg.min_points` points (the caller says inconclusive below).
+pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
+    let (x, y) = (s.x, s.y);
+    let n = x.len();
+    assert!(n >= cfg.min_points && n == y.len(), "judge needs at least min_points points");
+    let q = s.quantum;
+    let slope = theil_sen(x, y);
+    let mk = mann_kendall(x, y, slope);
+    let resid: Vec<f64> = x.iter().zip(y).map(|(a, b)| b - slope * a).collect();
+    let noise = mad_scale(&resid);
+    let half = n / 2;
+    let (tx, ty) = (&x[half..], &y[half..]);
+    let tail_slope = theil_sen(tx, ty);
+    let tail_mk = mann_kendall(tx, ty, tail_slope);
+    let growth = slope * (x[n - 1] - x[0]);
+    let tail_growth = tail_slope * (x[n - 1] - x[half]);
+    let unit = s.unit;
+    let v = |a: f64| fmt_value(a, unit);
+    let rate = format!("{}/iteration", v(slope));
+    let j =
+        |status, reason| Judgement { status, reason, slope, mk, tail_slope, tail_p: tail_mk.p_increase, growth, noise };
+    if !(slope > 0.0 && mk.p_increase < cfg.p_value) {
+        let what = if slope.abs() * (x[n - 1] - x[0]) < q { "flat" } else { "no significant rise" };
+        return j(Status::Pass, format!("{what}: {rate}, p = {:.2}", mk.p_increase));
+    }
+    if slope <= s.tolerance_per_iter {
+        return j(
+            Status::Pass,
+            format!(
+                "grows {rate} (p = {:.1e}), within the tolerance of {}/iteration",
+                mk.p_increase,
+                v(s.tolerance_per_iter)
+            ),
+        );
+    }
+    if growth < MIN_QUANTA * q {
+        return j(
+            Status::Pass,
+            format!(
+                "rose by {} over {n} points (p = {:.1e}): under {MIN_QUANTA} steps of {}, too little to call a trend",
+                v(growth),
+                mk.p_increase,
+                v(q)
+            ),
+        );
+    }
+    if growth < NOISE_SCALES * noise {
+        return j(
+            Status::Pass,
+            format!(
+                "rose by {} over {n} points (p = {:.1e}), under {NOISE_SCALES} times its own noise ({}): a drift, not yet a trend",
+                v(growth),
+                mk.p_increase,
+                v(noise)
+            ),
+        );
+    }
+    let tail_significant = tail_slope > 0.0 && tail_mk.p_increase < cfg.tail_p_value;
+    let tail_rate = format!("{}/iteration", v(tail_slope));
+    if !tail_significant && tail_growth.abs() < MIN_TAIL_QUANTA * q {
+        return j(
+            Status::Warn,
+            format!(
+                "grew by {} after warm-up ({rate}), then levelled off: the last half is flat ({tail_rate}, p = {:.2})",
+                v(growth),
+                tail_mk.p_increase
+            ),
+        );
+    }
+    if !tail_significant {
+        return j(
+            Status::Warn,
+            format!(
+                "grows {rate} overall (p = {:.1e}) but the last half's {tail_rate} is not significant on its own (p = {:.2}): not failed, too little evidence that it still grows",
+                mk.p_increase, tail_mk.p_increase
+            ),
+        );
+    }
+    if tail_slope < TAIL_FRACTION * slope {
+        return j(
+            Status::Warn,
+            format!(
+                "grew by {} ({rate}) and is slowing: the last half rises {tail_rate}, under a quarter of the overall rate: not failed",
+                v(growth)
+            ),
+        );
+    }
+    if tail_slope <= s.tolerance_per_iter {
+        return j(
+            Status::Warn,
+            format!(
+                "grew by {} ({rate}); the last half rises {tail_rate}, within the tolerance of {}/iteration: not failed",
+                v(growth),
+                v(s.tolerance_per_iter)
+            ),
+        );
+    }
+    if tail_growth < MIN_TAIL_QUANTA * q {
+        return j(
+            Status::Warn,
+            format!(
+                "grew by {} ({rate}); the last half rises by {} only, under {MIN_TAIL_QUANTA} steps of {}: not failed",
+                v(growth),
+                v(tail_growth),
+                v(q)
+            ),
+        );
+    }
+    if let Some(step) = one_step(tx, ty, tail_slope, q, cfg) {
+        return j(Status::Warn, step.describe(unit));
+    }
+    j(
+        Status::Fail,
+        format!(
+            "grows without levelling off: {rate} (p = {:.1e}); the last half still {tail_rate} (p = {:.1e})",
+            mk.p_increase, tail_mk.p_increase
+        ),
+    )
+}
+
+/// A one-off step in the last half: level ground, one rise, level ground.
+struct Step {
+    at_iter: f64,
+    height: f64,
+    /// Points after the step: too few and it cannot be told from the start of a leak.
+    after: usize,
+}
+
+impl Step {
+    fn describe(&self, unit: &str) -> String {
+        if self.after < MIN_SIDE_AFTER_STEP {
+            format!(
+                "a step of {} at iteration {}, {} points before the end: too late to tell whether it levels off (not failed)",
+                fmt_value(self.height, unit),
+                self.at_iter,
+                self.after
+            )
+        } else {
+            format!(
+                "a one-off step of {} at iteration {}, level before and after it (the last {} points): not a leak",
+                fmt_value(self.height, unit),
+                self.at_iter,
+                self.after
+            )
+        }
+    }
+}
+
+/// Points on each side of a step that it takes to call the side level.
+const MIN_SIDE: usize = 3;
+const MIN_SIDE_AFTER_STEP: usize = 6;
+
+fn one_step(x: &[f64], y: &[f64], tail_slope: f64, q: f64, cfg: &DetectorConfig) -> Option<Step> {
+    let k = best_split(y, MIN_SIDE)?;
+    let (left, right) = (&y[..k], &y[k..]);
+    let (lm, rm) = (median(&mut left.to_vec()), median(&mut right.to_vec()));
+    let height = rm - lm;
+    let fitted: Vec<f64> = left.iter().map(|v| v - lm).chain(right.iter().map(|v| v - rm)).collect();
+    let noise = mad_scale(&fitted).max(q);
+    let rising = |xs: &[f64], ys: &[f64]| {
+        xs.len() >= MIN_SIDE && {
+            let s = theil_sen(xs, ys);
+            let mk = mann_kendall(xs, ys, s);
+            mk.s > 0.0 && mk.p_increase < cfg.p_value
+        }
+    };
+    // A second clear jump on either side makes it a staircase, which is how leaks of large
+    // chunks grow, not one step.
+    let another_jump = |ys: &[f64]| {
+        best_split(ys, MIN_SIDE).is_some_and(|j| {
+            let (a, b) = (median(&mut ys[..j].to_vec()), median(&mut ys[j..].to_vec()));
+            (b - a).abs() >= STEP_NOISE_SCALES * noise
+        })
+    };
+    // Level ground on both sides: within each side the series does not climb at anything like
+    // the rate across the step (a noisy ramp splits into two halves that each still climb).
+    let within = within_sides_slope(x, y, k);
+    let level = !rising(&x[..k], left)
+        && !rising(&x[k..], right)
+        && !another_jump(left)
+        && !another_jump(right)
+        && within < LEVEL_FRACTION * tail_slope;
+    (height >= STEP_NOISE_SCALES * noise && level).then_some(Step { at_iter: x[k], height, after: y.len() - k })
+}
+
+/// Within-side slopes under this fraction of the slope across a step call both sides level.
+const LEVEL_FRACTION: f64 = 0.5;
+
+/// The Theil–Sen slope over the pairs of points on the same side of split `k`.
+fn within_sides_slope(x: &[f64], y: &[f64], k: usize) -> f64 {
+    let mut slopes = Vec::new();
+    for (a, b) in [(0, k), (k, x.len())] {
+        for i in a..b {
+            for j in i + 1..b {
+                if x[j] != x[i] {
+                    slopes.push((y[j] - y[i]) / (x[j] - x[i]));
+                }
+            }
+        }
+    }
+    if slopes.is_empty() {
+        0.0
+    } else {
+        median(&mut slopes)
+    }
+}
+
+/// Margin on the resolution: the rate where detection starts is found on this run's own noise; a
+/// leak's own noise differs a little, and 25% more keeps a leak at the stated resolution caught.
+const RESOLUTION_MARGIN: f64 = 1.25;
+
+/// The smallest steady rate that fails this series when added to it (per iteration), found by
+/// doubling from a first guess and then bisecting, with [`RESOLUTION_MARGIN`]. A series that fails
+/// already is judged with its own trend taken out, so the figure says what the noise allows, not
+/// what the leak does.
+pub fn resolution(s: &Series, own_slope: f64, fails_already: bool, cfg: &DetectorConfig) -> f64 {
+    let x0 = s.x[0];
+    let base: Vec<f64> =
+        if fails_already { s.x.iter().zip(s.y).map(|(a, b)| b - own_slope * (a - x0)).collect() } else { s.y.to_vec() };
+    let span = s.x[s.x.len() - 1] - s.x[s.x.len() / 2];
+    let fails = |r: f64| {
+        let y: Vec<f64> = s.x.iter().zip(&base).map(|(a, b)| b + r * (a - x0)).collect();
+        judge(&Series { y: &y, ..*s }, cfg).status == Status::Fail
+    };
+    let mut hi = (MIN_QUANTA * s.quantum / span.max(1.0)).max(s.tolerance_per_iter).max(f64::MIN_POSITIVE);
+    let mut lo = 0.0;
+    let mut found = false;
+    for _ in 0..RESOLUTION_DOUBLINGS {
+        if fails(hi) {
+            found = true;
+            break;
+        }
+        lo = hi;
+        hi *= 2.0;
+    }
+    if !found {
+        return f64::INFINITY;
+    }
+    for _ in 0..RESOLUTION_BISECTIONS {
+        let mid = (lo + hi) / 2.0;
+        if fails(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi * RESOLUTION_MARGIN
+}
+
+/// The first iteration at which the series up to it already fails (checked at up to 40 points).
+pub fn first_conclusive(s: &Series, cfg: &DetectorConfig) -> u64 {
+    let n = s.x.len();
+    let step = (n / 40).max(1);
+    let mut k = cfg.min_points;
+    while k <= n {
+        let prefix = Series { x: &s.x[..k], y: &s.y[..k], ..*s };
+        if judge(&prefix, cfg).status == Status::Fail {
+            return s.x[k - 1] as u64;
+        }
+        k += step;
+    }
+    s.x[n - 1] as u64
+}
