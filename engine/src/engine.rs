@@ -898,7 +898,20 @@ impl Engine {
             }
         }
         if let Err(e) = self.kv.check() {
-            v.push(IdleViolation { metric: "registry.kv".into(), value: 0, detail: format!("KV accounting: {e}") });
+            v.push(IdleViolation { metric: "check.kv_accounting".into(), value: 0, detail: format!("KV accounting: {e}") });
+        }
+        // Every request added has ended exactly one way.
+        let c = &self.counters;
+        let ended = c.requests_finished + c.requests_aborted + c.requests_failed;
+        if c.requests_added != ended {
+            v.push(IdleViolation {
+                metric: "check.request_counts".into(),
+                value: c.requests_added.abs_diff(ended),
+                detail: format!(
+                    "{} requests added but {} finished + {} aborted + {} failed = {ended} ended",
+                    c.requests_added, c.requests_finished, c.requests_aborted, c.requests_failed
+                ),
+            });
         }
         if v.is_empty() {
             Ok(())

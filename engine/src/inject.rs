@@ -15,10 +15,11 @@ pub enum Injection {
     PdMmapHook,
     PdPrefillHold,
     PdHandles,
+    PdSenderOnAbort,
 }
 
 impl Injection {
-    pub const ALL: [Injection; 9] = [
+    pub const ALL: [Injection; 10] = [
         Injection::RegistryRetainsFinished,
         Injection::NAbortOrphans,
         Injection::AbortKeepsBlocks,
@@ -28,6 +29,7 @@ impl Injection {
         Injection::PdMmapHook,
         Injection::PdPrefillHold,
         Injection::PdHandles,
+        Injection::PdSenderOnAbort,
     ];
 
     pub fn name(self) -> &'static str {
@@ -41,6 +43,7 @@ impl Injection {
             Injection::PdMmapHook => "pd-mmap-hook",
             Injection::PdPrefillHold => "pd-prefill-hold",
             Injection::PdHandles => "pd-handles",
+            Injection::PdSenderOnAbort => "pd-sender-on-abort",
         }
     }
 
@@ -64,6 +67,9 @@ impl Injection {
                 "the prefill side never frees a request's blocks when the decode side aborts it, and never times out"
             }
             Injection::PdHandles => "KV transfer handles are never released",
+            Injection::PdSenderOnAbort => {
+                "the KV sender keeps a transfer's staged KV and chunk records when the decode side aborts it mid-pull: only the terminal chunk frees them (vLLM-omni #6352; heap only, no registry)"
+            }
             Injection::UntrackedHeap => {
                 "finished requests' output tokens are appended to a history no registry counts (heap only)"
             }

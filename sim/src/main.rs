@@ -79,6 +79,12 @@ fn spec(a: &RunArgs) -> Result<RunSpec, String> {
     let mut injections = Injections::none();
     for name in &a.inject {
         let i: Injection = name.parse().map_err(|e: String| format!("--inject: {e}"))?;
+        if i == Injection::PdSenderOnAbort {
+            // The simulated cluster moves KV as whole messages: it has no chunked sender side.
+            return Err(format!(
+                "--inject {name}: not modelled in the simulator (its KV transfers are whole messages, with no chunked sender); soak it with `plateau run pd-transfer --inject {name}`"
+            ));
+        }
         injections = injections.with(i);
     }
     let model = ModelKind::parse(&a.model).map_err(|e| format!("--model: {e}"))?;

@@ -120,6 +120,11 @@ pub fn build_system(
 ) -> Result<Box<dyn System>, RunError> {
     let Some(pd) = &s.pd else { return Ok(Box::new(build_engine(s, backend, injections, seed)?)) };
     if pd.mode == PdMode::Processes {
+        if injections.on(plateau_engine::Injection::PdSenderOnAbort) {
+            return Err(RunError::Input(
+                "--inject pd-sender-on-abort: the node processes pull each transfer whole, with no chunked sender; run it in-process (without --pd-processes)".into(),
+            ));
+        }
         if resolve_backend(backend)? != "cpu" {
             return Err(RunError::Input(
                 "[pd] mode = \"processes\" runs its nodes on the cpu backend; use --backend cpu".into(),
@@ -149,6 +154,7 @@ pub fn build_system(
         bytes_per_step: pd.transfer_bytes_per_step,
         decode_failure_fraction: pd.decode_failure_fraction,
         leak_on_remap,
+        sender_kept_on_abort: injections.on(plateau_engine::Injection::PdSenderOnAbort),
         seed,
     };
     Ok(Box::new(PdPair::new(prefill, decode, options)))

@@ -20,6 +20,8 @@ pub struct PdOptions {
     pub bytes_per_step: usize,
     pub decode_failure_fraction: f64,
     pub leak_on_remap: bool,
+    /// `pd-sender-on-abort`: the transport's sender side keeps aborted transfers' state.
+    pub sender_kept_on_abort: bool,
     pub seed: u64,
 }
 
@@ -42,7 +44,7 @@ impl PdPair {
         PdPair {
             prefill,
             decode,
-            transport: InProcessTransport::new(o.regions, o.bytes_per_step, o.leak_on_remap),
+            transport: InProcessTransport::new(o.regions, o.bytes_per_step, o.leak_on_remap, o.sender_kept_on_abort),
             router: Router::new(o.decode_failure_fraction, o.seed),
         }
     }
@@ -85,7 +87,10 @@ impl System for PdPair {
         for n in self.decode.take_notices() {
             match n {
                 Notice::Pulled { request, .. } => self.prefill.release_transfer(request, false),
-                Notice::Aborted { request, .. } => self.prefill.release_transfer(request, true),
+                Notice::Aborted { request, .. } => {
+                    self.transport.cancel(request);
+                    self.prefill.release_transfer(request, true)
+                }
             };
         }
         Ok(())
