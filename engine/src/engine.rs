@@ -898,7 +898,11 @@ impl Engine {
             }
         }
         if let Err(e) = self.kv.check() {
-            v.push(IdleViolation { metric: "check.kv_accounting".into(), value: 0, detail: format!("KV accounting: {e}") });
+            v.push(IdleViolation {
+                metric: "check.kv_accounting".into(),
+                value: 0,
+                detail: format!("KV accounting: {e}"),
+            });
         }
         // Every request added has ended exactly one way.
         let c = &self.counters;

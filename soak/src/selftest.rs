@@ -101,7 +101,15 @@ pub const CASES: [Case; 18] = [
         inject: Some("pd-prefill-hold"),
         quick_iterations: 30,
         expect_metric: Some("prefill.registry.pd.held"),
-        also: &["prefill.registry.", "prefill.check.", "decode.registry.", "jemalloc.", "proc.rss", "proc.anon_", "proc.pte"],
+        also: &[
+            "prefill.registry.",
+            "prefill.check.",
+            "decode.registry.",
+            "jemalloc.",
+            "proc.rss",
+            "proc.anon_",
+            "proc.pte",
+        ],
     },
     Case {
         scenario: "pd-transfer",
