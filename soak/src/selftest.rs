@@ -25,9 +25,9 @@ pub struct Case {
     pub also: &'static [&'static str],
 }
 
-/// Clean cases run 80 quick iterations: 60 after warm-up, so the page-level gauges (sampled at
-/// every fourth quiescent point) have 15 points, more than the 12 a trend verdict needs.
-const CLEAN_QUICK: u64 = 80;
+/// Clean cases run 100 quick iterations: 80 after warm-up, so the page-level gauges (sampled at
+/// every fourth quiescent point) have the 20 points a trend verdict needs.
+const CLEAN_QUICK: u64 = 100;
 
 /// The heap and everything the kernel counts of it.
 const HEAP: &[&str] = &["jemalloc.", "proc.rss", "proc.anon_", "proc.pte"];

@@ -29,9 +29,9 @@ fn verdict(dir: &Path) -> serde_json::Value {
 #[test]
 fn clean_run_passes_and_writes_its_files() {
     let d = tmp("clean");
-    // 70 iterations: 50 after warm-up, so that the page-level gauges, sampled at every fourth
-    // quiescent point, have their 12 points.
-    let o = plateau(&["run", &scenario("n-sampling"), "--iterations", "70", "--out", d.to_str().unwrap(), "--quiet"]);
+    // 100 iterations: 80 after warm-up, so that the page-level gauges, sampled at every fourth
+    // quiescent point, have their 20 points.
+    let o = plateau(&["run", &scenario("n-sampling"), "--iterations", "100", "--out", d.to_str().unwrap(), "--quiet"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     for f in ["samples.jsonl", "verdict.json", "memory.svg", "memory.png", "counts.svg", "counts.png"] {
         assert!(d.join(f).exists(), "{f} missing");
@@ -102,7 +102,7 @@ fn pd_across_processes_passes_clean_and_catches_the_mmap_hook_in_the_decode_proc
         "pd-transfer",
         "--pd-processes",
         "--iterations",
-        "70",
+        "100",
         "--out",
         d.to_str().unwrap(),
         "--quiet",

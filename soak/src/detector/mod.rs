@@ -55,9 +55,13 @@ pub struct DetectorConfig {
     /// Significance of the trend over its last half: below it, still growing. Looser, since the
     /// whole series has already shown a trend at `p_value`.
     pub tail_p_value: f64,
-    /// Fewer quiescent points after warm-up than this: no trend verdict (inconclusive). Twelve is
-    /// the fewest at which a steady rise is significant both overall (p < 1e-5) and in its last
-    /// half of six (p < 0.005).
+    /// Fewer quiescent points after warm-up than this: no trend verdict (inconclusive). A steady
+    /// rise is significant at twelve already (p < 1e-5, and p < 0.005 in its last half of six),
+    /// but a fresh process settles for its first few dozen iterations (code pages faulted in, a
+    /// page of RssAnon every few iterations until about the 40th, a slab or two more as
+    /// allocations spread): at twelve such settling passed for a trend in 4 of 70 clean
+    /// 70-iteration runs. Twenty leaves a last half of ten, long enough to show a step with level
+    /// ground on both sides.
     pub min_points: usize,
     /// Byte growth accepted per request or per iteration.
     pub tolerance: Tolerance,
@@ -69,7 +73,7 @@ impl Default for DetectorConfig {
             warmup_iterations: DEFAULT_WARMUP_ITERATIONS,
             p_value: 0.01,
             tail_p_value: 0.05,
-            min_points: 12,
+            min_points: 20,
             tolerance: Tolerance::default(),
         }
     }

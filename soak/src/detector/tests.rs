@@ -139,11 +139,11 @@ fn a_late_step_passes_and_a_step_that_keeps_climbing_fails() {
 
 #[test]
 fn too_few_points_are_inconclusive() {
-    // min_points: 11 judged points are not enough, 12 are.
+    // min_points: 19 judged points are not enough, 20 are.
     let cfg = DetectorConfig { warmup_iterations: 20, ..DetectorConfig::default() };
-    let v = analyze(&gauge(31, |i| BASE + 4096.0 * i as f64), &cfg, false);
+    let v = analyze(&gauge(39, |i| BASE + 4096.0 * i as f64), &cfg, false);
     assert_eq!((v.verdict, v.metrics[0].status), (Status::Inconclusive, Status::Inconclusive));
-    let v = analyze(&gauge(32, |i| BASE + 4096.0 * i as f64), &cfg, false);
+    let v = analyze(&gauge(40, |i| BASE + 4096.0 * i as f64), &cfg, false);
     assert_eq!(v.verdict, Status::Fail);
 }
 
