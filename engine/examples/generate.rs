@@ -73,13 +73,13 @@ fn main() -> ExitCode {
             }
         };
     }
-    if let Err(e) = plateau_engine::model::cuda::resolve(&a.backend) {
+    if let Err(e) = plateau_engine::model::factory::resolve(&a.backend) {
         eprintln!("generate: {e}");
         return ExitCode::from(2);
     }
     let run = || -> Result<(), plateau_engine::EngineError> {
         let config = EngineConfig { model, ..EngineConfig::default() };
-        let mut engine = plateau_engine::model::cuda::engine_on(&a.backend, config, dtype)?;
+        let mut engine = plateau_engine::model::factory::engine_on(&a.backend, config, dtype)?;
         let params = SamplingParams {
             n: a.n,
             max_tokens: a.max_tokens,

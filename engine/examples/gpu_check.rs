@@ -167,7 +167,7 @@ fn engine_on_cuda(
         injections,
         ..EngineConfig::default()
     };
-    plateau_engine::model::cuda::engine_on("cuda", config, dtype)
+    plateau_engine::model::factory::engine_on("cuda", config, dtype)
 }
 
 fn gauge(e: &Engine, name: &str) -> u64 {

@@ -6,23 +6,31 @@
 //! soak driver, the simulator) drive it. Every structure that holds per-request state is created
 //! through a counted [`registry::Registries`] book, so the harness sees all of them.
 
+mod admission;
 pub mod block_pool;
+pub mod config;
 pub mod engine;
 pub mod error;
 pub mod inject;
 pub mod kv_manager;
+mod metrics;
 pub mod model;
+mod model_runner;
 pub mod multimodal;
+mod output;
 pub mod pd;
 pub mod registry;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+mod store;
 pub mod tokenizer;
 
-pub use engine::{AbortOutcome, Engine, EngineConfig, IdleViolation, RequestStage};
+pub use config::EngineConfig;
+pub use engine::Engine;
 pub use error::EngineError;
 pub use inject::{Injection, Injections};
+pub use metrics::IdleViolation;
 pub use model::backend::Backend;
 pub use model::config::{ModelConfig, VisionConfig};
 pub use model::cpu::CpuBackend;
@@ -30,4 +38,6 @@ pub use model::weights::{ModelWeights, WeightSource};
 pub use multimodal::image::{ImageInput, ImageLimits};
 pub use pd::{Notice, PullOrder, Role, TransferParams};
 pub use registry::{Metric, MetricKind};
-pub use request::{FinishReason, Request, RequestId, RequestOutput, SamplingParams, SeqOutput};
+pub use request::{
+    AbortOutcome, FinishReason, Request, RequestId, RequestOutput, RequestStage, SamplingParams, SeqOutput,
+};

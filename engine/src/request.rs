@@ -101,3 +101,33 @@ impl RequestOutput {
         self.seqs.first().map(|s| s.finish).unwrap_or(FinishReason::Aborted)
     }
 }
+
+/// Where a request in flight is in its life (its furthest-along live sequence decides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum RequestStage {
+    /// Never scheduled yet.
+    Waiting,
+    /// Some of its images encoded, not all: mid-encode.
+    Encoding,
+    /// Every image encoded, no prompt token computed yet.
+    Encoded,
+    /// Decode side: waiting for its prompt's KV to be pulled.
+    AwaitingKv,
+    /// Decode side: its prompt's KV is being pulled.
+    PullingKv,
+    /// Part of its prompt computed, no token yet.
+    Prefill,
+    /// Producing tokens.
+    Decode,
+    /// Preempted: back in the waiting queue to be recomputed.
+    Preempted,
+}
+
+/// What `abort` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortOutcome {
+    /// The request was in flight; its output (finish reason aborted) comes out of the next step.
+    Aborted,
+    /// No request in flight has that id: nothing was done.
+    Unknown,
+}

@@ -52,7 +52,7 @@ fn an_engine_on_cuda_serves_and_ends_idle() {
     if !device() {
         return;
     }
-    let mut e = plateau_engine::model::cuda::engine_on("cuda", EngineConfig::default(), DType::F32).unwrap();
+    let mut e = plateau_engine::model::factory::engine_on("cuda", EngineConfig::default(), DType::F32).unwrap();
     for id in 0..8 {
         let params = SamplingParams { n: 2, max_tokens: 6, seed: Some(id), ..SamplingParams::default() };
         e.add_request(Request { id, prompt: vec![1, 40, 41, 42], params, images: Vec::new() }).unwrap();

@@ -101,13 +101,13 @@ pub struct AbortCounts {
 pub fn build_engine(s: &Scenario, backend: &str, injections: Injections, seed: u64) -> Result<Engine, RunError> {
     let backend = resolve_backend(backend)?;
     let dtype = plateau_engine::model::cuda::DType::parse(&s.engine.dtype).map_err(RunError::Input)?;
-    plateau_engine::model::cuda::engine_on(backend, s.engine.to_config(injections, seed), dtype)
+    plateau_engine::model::factory::engine_on(backend, s.engine.to_config(injections, seed), dtype)
         .map_err(|err| RunError::Input(format!("engine: {err}")))
 }
 
 /// `cpu`, `cuda` (a usable device, or bad input naming what is missing) or `auto`.
 pub fn resolve_backend(backend: &str) -> Result<&'static str, RunError> {
-    plateau_engine::model::cuda::resolve(backend).map_err(RunError::Input)
+    plateau_engine::model::factory::resolve(backend).map_err(RunError::Input)
 }
 
 /// Builds what the scenario runs against: one engine, or a prefill/decode pair (`[pd]`).

@@ -4,5 +4,6 @@ pub mod backend;
 pub mod config;
 pub mod cpu;
 pub mod cuda;
+pub mod factory;
 pub mod vision;
 pub mod weights;

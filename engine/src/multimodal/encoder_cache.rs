@@ -4,8 +4,9 @@
 //! Lifecycle of an entry:
 //! 1. A request needs an image's embeddings to prefill its placeholder positions. `acquire` finds
 //!    the entry (a hit: the request takes a reference) or reports a miss; on a miss the scheduler
-//!    encodes the image once `make_room` has evicted enough freed entries, then `insert`s it with the
-//!    request's reference.
+//!    `reserve`s the entry with the request's reference once `make_room` has evicted enough freed
+//!    entries, and the model runner encodes the image and `fill`s it in the same step (or, if the
+//!    encoder fails, the engine `cancel`s it and fails its holders).
 //! 2. When every live sequence of the request has computed past the placeholders (their KV now
 //!    holds what the embeddings contributed), or the request ends or is preempted, `release` drops
 //!    its reference.
@@ -22,7 +23,8 @@ use crate::request::RequestId;
 
 #[derive(Debug)]
 struct Entry {
-    embeds: Arc<Vec<f32>>,
+    /// None while reserved and not yet encoded.
+    embeds: Option<Arc<Vec<f32>>>,
     tokens: usize,
     refs: BTreeSet<RequestId>,
     /// Position in the freed LRU while `refs` is empty.
@@ -100,19 +102,43 @@ impl EncoderCache {
         true
     }
 
-    /// Stores freshly encoded embeddings with `req`'s reference. `make_room` must have said yes.
-    pub fn insert(&mut self, hash: u64, embeds: Vec<f32>, tokens: usize, req: RequestId) {
-        assert!(!self.entries.contains_key(&hash), "encoder cache entry inserted twice");
+    /// Reserves room for an image about to be encoded, with `req`'s reference. `make_room` must
+    /// have said yes.
+    pub fn reserve(&mut self, hash: u64, tokens: usize, req: RequestId) {
+        assert!(!self.entries.contains_key(&hash), "encoder cache entry reserved twice");
         assert!(self.used_tokens + tokens <= self.budget_tokens, "encoder cache over budget");
         self.used_tokens += tokens;
         self.refs += 1;
-        self.entries
-            .insert(hash, Entry { embeds: Arc::new(embeds), tokens, refs: BTreeSet::from([req]), freed_at: None });
+        self.entries.insert(hash, Entry { embeds: None, tokens, refs: BTreeSet::from([req]), freed_at: None });
     }
 
-    /// The embeddings of a held entry.
+    /// Stores the embeddings of a reserved entry.
+    pub fn fill(&mut self, hash: u64, embeds: Vec<f32>) {
+        let e = self.entries.get_mut(&hash).expect("a reserved entry");
+        assert!(e.embeds.is_none(), "encoder cache entry filled twice");
+        e.embeds = Some(Arc::new(embeds));
+    }
+
+    /// Drops a reserved entry whose encoding failed; returns the requests that held it.
+    pub fn cancel(&mut self, hash: u64) -> Vec<RequestId> {
+        let Some(e) = self.entries.remove(&hash) else { return Vec::new() };
+        if let Some(t) = e.freed_at {
+            self.freed.remove(&t);
+        }
+        self.used_tokens -= e.tokens;
+        self.refs -= e.refs.len();
+        e.refs.into_iter().collect()
+    }
+
+    /// Reserves and fills at once (an image encoded outside a step).
+    pub fn insert(&mut self, hash: u64, embeds: Vec<f32>, tokens: usize, req: RequestId) {
+        self.reserve(hash, tokens, req);
+        self.fill(hash, embeds);
+    }
+
+    /// The embeddings of an encoded entry.
     pub fn get(&self, hash: u64) -> Option<Arc<Vec<f32>>> {
-        self.entries.get(&hash).map(|e| Arc::clone(&e.embeds))
+        self.entries.get(&hash).and_then(|e| e.embeds.clone())
     }
 
     pub fn holds(&self, hash: u64, req: RequestId) -> bool {

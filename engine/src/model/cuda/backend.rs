@@ -25,50 +25,50 @@ use crate::model::config::ModelConfig;
 use crate::model::weights::ModelWeights;
 use crate::registry::{Metric, MetricKind};
 
-struct LayerBufs {
-    attn_norm: DeviceBuf,
-    q: DeviceBuf,
-    k: DeviceBuf,
-    v: DeviceBuf,
-    o: DeviceBuf,
-    mlp_norm: DeviceBuf,
-    gate: DeviceBuf,
-    up: DeviceBuf,
-    down: DeviceBuf,
+pub(super) struct LayerBufs {
+    pub(super) attn_norm: DeviceBuf,
+    pub(super) q: DeviceBuf,
+    pub(super) k: DeviceBuf,
+    pub(super) v: DeviceBuf,
+    pub(super) o: DeviceBuf,
+    pub(super) mlp_norm: DeviceBuf,
+    pub(super) gate: DeviceBuf,
+    pub(super) up: DeviceBuf,
+    pub(super) down: DeviceBuf,
 }
 
-struct DeviceWeights {
-    embed: DeviceBuf,
-    final_norm: DeviceBuf,
-    lm_head: DeviceBuf,
-    layers: Vec<LayerBufs>,
+pub(super) struct DeviceWeights {
+    pub(super) embed: DeviceBuf,
+    pub(super) final_norm: DeviceBuf,
+    pub(super) lm_head: DeviceBuf,
+    pub(super) layers: Vec<LayerBufs>,
     /// The vision tower's weights stay on the host: the encoder runs there.
-    host_vision: Option<ModelWeights>,
+    pub(super) host_vision: Option<ModelWeights>,
 }
 
 /// K and V of every layer, and the table of their addresses the block kernels take.
-struct DeviceKv {
-    block_size: usize,
-    num_blocks: usize,
-    k: Vec<DeviceBuf>,
-    v: Vec<DeviceBuf>,
+pub(super) struct DeviceKv {
+    pub(super) block_size: usize,
+    pub(super) num_blocks: usize,
+    pub(super) k: Vec<DeviceBuf>,
+    pub(super) v: Vec<DeviceBuf>,
     /// [k0, v0, k1, v1, ...] as device addresses.
-    bases: DeviceBuf,
+    pub(super) bases: DeviceBuf,
 }
 
 pub struct CudaBackend {
-    config: ModelConfig,
-    dtype: DType,
-    stream: Arc<CudaStream>,
-    blas: CudaBlas,
-    kernels: Kernels,
-    alloc: DeviceAllocator,
-    weights: Option<DeviceWeights>,
-    kv: Option<DeviceKv>,
+    pub(super) config: ModelConfig,
+    pub(super) dtype: DType,
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) blas: CudaBlas,
+    pub(super) kernels: Kernels,
+    pub(super) alloc: DeviceAllocator,
+    pub(super) weights: Option<DeviceWeights>,
+    pub(super) kv: Option<DeviceKv>,
     /// KV pools kept past their release: only `sleep-keeps-kv` puts anything here.
-    kept_kv: Vec<DeviceKv>,
-    inv_freq: DeviceBuf,
-    injections: Injections,
+    pub(super) kept_kv: Vec<DeviceKv>,
+    pub(super) inv_freq: DeviceBuf,
+    pub(super) injections: Injections,
 }
 
 // SAFETY: the backend is used by one thread at a time (the engine is `Send`, not shared); cudarc's
@@ -124,7 +124,7 @@ impl CudaBackend {
         self.stream.synchronize().map_err(driver_err)
     }
 
-    fn upload_tensor(&self, data: &[f32], category: Category, what: &str) -> Result<DeviceBuf> {
+    pub(super) fn upload_tensor(&self, data: &[f32], category: Category, what: &str) -> Result<DeviceBuf> {
         match self.dtype {
             DType::F32 => self.alloc.upload(category, data, what),
             DType::Bf16 => {
@@ -134,12 +134,12 @@ impl CudaBackend {
         }
     }
 
-    fn act(&self, elems: usize, what: &str) -> Result<DeviceBuf> {
+    pub(super) fn act(&self, elems: usize, what: &str) -> Result<DeviceBuf> {
         self.alloc.alloc(Category::Activations, elems * self.dtype.size(), what)
     }
 
     /// y[t, out] = x[t, in] · w[out, in]^T (row-major), through cuBLAS with f32 accumulation.
-    fn linear(&self, x: u64, w: u64, y: u64, t: usize, inp: usize, out: usize) -> Result<()> {
+    pub(super) fn linear(&self, x: u64, w: u64, y: u64, t: usize, inp: usize, out: usize) -> Result<()> {
         let ty = match self.dtype {
             DType::F32 => cudaDataType::CUDA_R_32F,
             DType::Bf16 => cudaDataType::CUDA_R_16BF,
@@ -174,24 +174,24 @@ impl CudaBackend {
     }
 
     /// x += y over `n` elements.
-    fn residual_add(&self, x: u64, y: u64, n: usize) -> Result<()> {
+    pub(super) fn residual_add(&self, x: u64, y: u64, n: usize) -> Result<()> {
         self.kernels.launch("add", self.dtype, elementwise(n), &[Arg::P(x), Arg::P(y), Arg::L(n as i64)])
     }
 
-    fn rmsnorm(&self, x: u64, rows: u64, w: u64, out: u64, n_rows: usize) -> Result<()> {
+    pub(super) fn rmsnorm(&self, x: u64, rows: u64, w: u64, out: u64, n_rows: usize) -> Result<()> {
         let h = self.config.hidden_size;
         let args =
             [Arg::P(x), Arg::P(rows), Arg::P(w), Arg::P(out), Arg::I(h as i32), Arg::F(self.config.rms_norm_eps)];
         self.kernels.launch("rmsnorm", self.dtype, cfg((n_rows as u32, 1), 256, 0), &args)
     }
 
-    fn kv_ref(&self) -> Result<&DeviceKv> {
+    pub(super) fn kv_ref(&self) -> Result<&DeviceKv> {
         self.kv.as_ref().ok_or_else(|| EngineError::Backend("KV pool is released".into()))
     }
 
     /// Launches a block kernel (`gather_blocks`, `scatter_blocks`) over `blocks` of every cache
     /// tensor with a staging buffer of f32.
-    fn blocks_kernel(&self, name: &'static str, blocks: &[BlockId], staging: u64) -> Result<()> {
+    pub(super) fn blocks_kernel(&self, name: &'static str, blocks: &[BlockId], staging: u64) -> Result<()> {
         let kv = self.kv_ref()?;
         if let Some(b) = blocks.iter().find(|&&b| b as usize >= kv.num_blocks) {
             return Err(EngineError::Backend(format!("block {b} is out of range (pool has {})", kv.num_blocks)));
@@ -209,74 +209,6 @@ impl CudaBackend {
         self.kernels.launch(name, self.dtype, cfg((blocks.len() as u32, (2 * kv.k.len()) as u32), 256, 0), &args)?;
         self.synchronize()
     }
-}
-
-/// Per-forward metadata: the flattened batch as the kernels take it.
-#[derive(Debug)]
-struct Flat {
-    tokens: Vec<u32>,
-    positions: Vec<i32>,
-    tok_seq: Vec<i32>,
-    slots: Vec<i64>,
-    tables: Vec<i32>,
-    max_blocks: usize,
-    max_ctx: usize,
-    logit_rows: Vec<i32>,
-    /// (flattened row, f32 embedding row) for image placeholders.
-    embed_rows: Vec<i32>,
-    embed_data: Vec<f32>,
-}
-
-fn flatten(batch: &ForwardBatch, c: &ModelConfig, bs: usize) -> Result<Flat> {
-    let h = c.hidden_size;
-    let max_blocks = batch.chunks.iter().map(|ch| ch.block_table.len()).max().unwrap_or(0).max(1);
-    let mut f = Flat {
-        tokens: Vec::new(),
-        positions: Vec::new(),
-        tok_seq: Vec::new(),
-        slots: Vec::new(),
-        tables: vec![0; batch.chunks.len() * max_blocks],
-        max_blocks,
-        max_ctx: 1,
-        logit_rows: Vec::new(),
-        embed_rows: Vec::new(),
-        embed_data: Vec::new(),
-    };
-    for (ci, ch) in batch.chunks.iter().enumerate() {
-        f.tables[ci * max_blocks..ci * max_blocks + ch.block_table.len()]
-            .iter_mut()
-            .zip(&ch.block_table)
-            .for_each(|(d, &b)| *d = b as i32);
-        for (j, &tok) in ch.tokens.iter().enumerate() {
-            if tok as usize >= c.vocab_size {
-                return Err(EngineError::Backend(format!("token id {tok} outside the vocabulary")));
-            }
-            let pos = ch.start_pos + j;
-            let block = *ch.block_table.get(pos / bs).ok_or_else(|| {
-                EngineError::Backend(format!(
-                    "position {pos} is past the block table ({} blocks)",
-                    ch.block_table.len()
-                ))
-            })?;
-            for (img_start, e) in &ch.embeds {
-                let rows = e.len() / h;
-                if pos >= *img_start && pos < img_start + rows {
-                    let r = pos - img_start;
-                    f.embed_rows.push(f.tokens.len() as i32);
-                    f.embed_data.extend_from_slice(&e[r * h..(r + 1) * h]);
-                }
-            }
-            f.tokens.push(tok);
-            f.positions.push(pos as i32);
-            f.tok_seq.push(ci as i32);
-            f.slots.push(block as i64 * bs as i64 + (pos % bs) as i64);
-            f.max_ctx = f.max_ctx.max(pos + 1);
-        }
-        if ch.want_logits && !ch.tokens.is_empty() {
-            f.logit_rows.push(f.tokens.len() as i32 - 1);
-        }
-    }
-    Ok(f)
 }
 
 impl Backend for CudaBackend {
@@ -378,135 +310,7 @@ impl Backend for CudaBackend {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
-        let w = self.weights.as_ref().ok_or_else(|| EngineError::Backend("weights are released".into()))?;
-        let kv = self.kv.as_ref().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
-        let c = &self.config;
-        let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
-        let (qd, kvd, inter, bs) = (c.q_dim(), c.kv_dim(), c.intermediate_size, kv.block_size);
-        let dt = self.dtype;
-        let ws = |data: &[i32], what: &str| self.alloc.upload(Category::Workspace, data, what);
-        if !batch.copies.is_empty() {
-            let pairs: Vec<i32> = batch.copies.iter().flat_map(|cp| [cp.src as i32, cp.dst as i32]).collect();
-            let pairs = ws(&pairs, "copy-on-write block pairs")?;
-            let args = [Arg::P(kv.bases.ptr()), Arg::P(pairs.ptr()), Arg::I((bs * kvd) as i32)];
-            let grid = (batch.copies.len() as u32, (2 * kv.k.len()) as u32);
-            self.kernels.launch("copy_blocks", dt, cfg(grid, 256, 0), &args)?;
-        }
-        let f = flatten(batch, c, bs)?;
-        let t = f.tokens.len();
-        if t == 0 {
-            return Ok(Vec::new());
-        }
-        let tokens = self.alloc.upload(Category::Workspace, &f.tokens, "token ids")?;
-        let positions = ws(&f.positions, "positions")?;
-        let tok_seq = ws(&f.tok_seq, "token owners")?;
-        let tables = ws(&f.tables, "block tables")?;
-        let slots = self.alloc.upload(Category::Workspace, &f.slots, "KV slots")?;
-        let x = self.act(t * h, "hidden states")?;
-        let hn = self.act(t * h, "normed hidden states")?;
-        let q = self.act(t * qd, "queries")?;
-        let k = self.act(t * kvd, "keys")?;
-        let v = self.act(t * kvd, "values")?;
-        let attn = self.act(t * qd, "attention output")?;
-        let tmp = self.act(t * h, "projection output")?;
-        let gate = self.act(t * inter, "gate")?;
-        let upb = self.act(t * inter, "up")?;
-        let threads = h.min(1024) as u32;
-        let rows = (t as u32, 1);
-        self.kernels.launch(
-            "embed",
-            dt,
-            cfg(rows, threads, 0),
-            &[Arg::P(w.embed.ptr()), Arg::P(tokens.ptr()), Arg::P(x.ptr()), Arg::I(h as i32)],
-        )?;
-        if !f.embed_rows.is_empty() {
-            let er = ws(&f.embed_rows, "image rows")?;
-            let ed = self.alloc.upload(Category::Workspace, &f.embed_data, "image embeddings")?;
-            let grid = (f.embed_rows.len() as u32, 1);
-            self.kernels.launch(
-                "set_rows",
-                dt,
-                cfg(grid, threads, 0),
-                &[Arg::P(x.ptr()), Arg::P(ed.ptr()), Arg::P(er.ptr()), Arg::I(h as i32)],
-            )?;
-        }
-        let scale = 1.0 / (hd as f32).sqrt();
-        let attn_shared = ((hd + f.max_ctx) * 4) as u32;
-        for (l, lw) in w.layers.iter().enumerate() {
-            self.rmsnorm(x.ptr(), 0, lw.attn_norm.ptr(), hn.ptr(), t)?;
-            self.linear(hn.ptr(), lw.q.ptr(), q.ptr(), t, h, qd)?;
-            self.linear(hn.ptr(), lw.k.ptr(), k.ptr(), t, h, kvd)?;
-            self.linear(hn.ptr(), lw.v.ptr(), v.ptr(), t, h, kvd)?;
-            for (buf, heads) in [(&q, nh), (&k, nkv)] {
-                let args = [
-                    Arg::P(buf.ptr()),
-                    Arg::P(positions.ptr()),
-                    Arg::P(self.inv_freq.ptr()),
-                    Arg::I(heads as i32),
-                    Arg::I(hd as i32),
-                ];
-                self.kernels.launch("rope", dt, cfg(rows, (heads * hd / 2) as u32, 0), &args)?;
-            }
-            let args = [
-                Arg::P(k.ptr()),
-                Arg::P(v.ptr()),
-                Arg::P(kv.k[l].ptr()),
-                Arg::P(kv.v[l].ptr()),
-                Arg::P(slots.ptr()),
-                Arg::I(kvd as i32),
-            ];
-            self.kernels.launch("store_kv", dt, cfg(rows, kvd as u32, 0), &args)?;
-            let args = [
-                Arg::P(q.ptr()),
-                Arg::P(kv.k[l].ptr()),
-                Arg::P(kv.v[l].ptr()),
-                Arg::P(attn.ptr()),
-                Arg::P(tok_seq.ptr()),
-                Arg::P(positions.ptr()),
-                Arg::P(tables.ptr()),
-                Arg::I(f.max_blocks as i32),
-                Arg::I(bs as i32),
-                Arg::I(nh as i32),
-                Arg::I(nkv as i32),
-                Arg::I(hd as i32),
-                Arg::F(scale),
-            ];
-            self.kernels.launch("attention", dt, cfg((t as u32, nh as u32), 128, attn_shared), &args)?;
-            self.linear(attn.ptr(), lw.o.ptr(), tmp.ptr(), t, qd, h)?;
-            self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
-            self.rmsnorm(x.ptr(), 0, lw.mlp_norm.ptr(), hn.ptr(), t)?;
-            self.linear(hn.ptr(), lw.gate.ptr(), gate.ptr(), t, h, inter)?;
-            self.linear(hn.ptr(), lw.up.ptr(), upb.ptr(), t, h, inter)?;
-            let n = (t * inter) as i64;
-            self.kernels.launch(
-                "silu_mul",
-                dt,
-                elementwise(t * inter),
-                &[Arg::P(gate.ptr()), Arg::P(upb.ptr()), Arg::P(gate.ptr()), Arg::L(n)],
-            )?;
-            self.linear(gate.ptr(), lw.down.ptr(), tmp.ptr(), t, inter, h)?;
-            self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
-        }
-        let r = f.logit_rows.len();
-        if r == 0 {
-            self.synchronize()?;
-            return Ok(Vec::new());
-        }
-        let lr = ws(&f.logit_rows, "logit rows")?;
-        let normed = self.act(r * h, "final normed rows")?;
-        self.rmsnorm(x.ptr(), lr.ptr(), w.final_norm.ptr(), normed.ptr(), r)?;
-        let vocab = c.vocab_size;
-        let logits = self.act(r * vocab, "logits")?;
-        self.linear(normed.ptr(), w.lm_head.ptr(), logits.ptr(), r, h, vocab)?;
-        let out = self.alloc.alloc(Category::Staging, r * vocab * 4, "logits for the host")?;
-        self.kernels.launch(
-            "to_f32",
-            dt,
-            elementwise(r * vocab),
-            &[Arg::P(logits.ptr()), Arg::P(out.ptr()), Arg::L((r * vocab) as i64)],
-        )?;
-        let host: Vec<f32> = out.read(r * vocab)?;
-        Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+        self.forward_batch(batch)
     }
 
     fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>> {
@@ -578,45 +382,6 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::backend::SeqChunk;
-    use std::sync::Arc;
-
-    fn chunk(tokens: Vec<u32>, start_pos: usize, table: Vec<BlockId>, want_logits: bool) -> SeqChunk {
-        SeqChunk { tokens, start_pos, block_table: table, want_logits, embeds: Vec::new() }
-    }
-
-    #[test]
-    fn a_batch_flattens_to_slots_tables_and_logit_rows() {
-        let c = ModelConfig::preset("tiny").unwrap();
-        let mut image = chunk(vec![1, 2, 2, 5], 0, vec![7], false);
-        image.embeds.push((1, Arc::new(vec![0.5; 2 * c.hidden_size])));
-        let batch = ForwardBatch {
-            copies: Vec::new(),
-            chunks: vec![chunk(vec![10, 11, 12], 15, vec![3, 9], true), chunk(vec![20], 4, vec![6], true), image],
-        };
-        let f = flatten(&batch, &c, 16).unwrap();
-        assert_eq!(f.tokens, vec![10, 11, 12, 20, 1, 2, 2, 5]);
-        assert_eq!(f.positions, vec![15, 16, 17, 4, 0, 1, 2, 3]);
-        assert_eq!(
-            f.slots,
-            vec![3 * 16 + 15, 9 * 16, 9 * 16 + 1, 6 * 16 + 4, 7 * 16, 7 * 16 + 1, 7 * 16 + 2, 7 * 16 + 3]
-        );
-        assert_eq!(f.tok_seq, vec![0, 0, 0, 1, 2, 2, 2, 2]);
-        assert_eq!((f.max_blocks, f.max_ctx), (2, 18));
-        assert_eq!(f.tables, vec![3, 9, 6, 0, 7, 0]);
-        assert_eq!(f.logit_rows, vec![2, 3]);
-        assert_eq!(f.embed_rows, vec![5, 6]);
-        assert_eq!(f.embed_data.len(), 2 * c.hidden_size);
-    }
-
-    #[test]
-    fn bad_batches_are_errors_not_panics() {
-        let c = ModelConfig::preset("tiny").unwrap();
-        let past_table = ForwardBatch { copies: Vec::new(), chunks: vec![chunk(vec![1, 2], 15, vec![0], true)] };
-        assert!(flatten(&past_table, &c, 16).unwrap_err().to_string().contains("past the block table"));
-        let bad_token = ForwardBatch { copies: Vec::new(), chunks: vec![chunk(vec![100_000], 0, vec![0], true)] };
-        assert!(flatten(&bad_token, &c, 16).unwrap_err().to_string().contains("outside the vocabulary"));
-    }
 
     #[test]
     fn every_kernel_is_instantiated_for_both_types() {

@@ -4,7 +4,9 @@
 //! through cuBLAS with f32 accumulation; weights, activations and the KV cache are f32 or bf16.
 
 pub mod backend;
+mod batch;
 pub mod device;
+mod forward;
 pub mod kernels;
 
 pub use backend::CudaBackend;
@@ -39,31 +41,5 @@ impl DType {
             DType::F32 => "f32",
             DType::Bf16 => "bf16",
         }
-    }
-}
-
-/// Resolves a backend name: `cpu`; `cuda` (a usable device, else an error naming what is
-/// missing: "backend cuda: no CUDA driver found ..."); `auto` (cuda when usable, else cpu).
-pub fn resolve(name: &str) -> Result<&'static str, String> {
-    match name {
-        "cpu" => Ok("cpu"),
-        "cuda" => probe().map(|_| "cuda").map_err(|e| format!("backend cuda: {e}")),
-        "auto" => Ok(if probe().is_ok() { "cuda" } else { "cpu" }),
-        other => Err(format!("backend `{other}` is not one of cpu, cuda, auto")),
-    }
-}
-
-/// An engine on the backend `name` resolves to, holding the weights of `config.model` in `dtype`.
-pub fn engine_on(name: &str, config: crate::EngineConfig, dtype: DType) -> Result<crate::Engine, crate::EngineError> {
-    match resolve(name).map_err(crate::EngineError::Config)? {
-        "cuda" => {
-            let weights = config.model.load()?;
-            let b = CudaBackend::new(weights, dtype, config.injections.clone())?;
-            crate::Engine::with_backend(config, Box::new(b))
-        }
-        _ if dtype != DType::F32 => {
-            Err(crate::EngineError::Config(format!("dtype {}: the cpu backend computes in f32 only", dtype.suffix())))
-        }
-        _ => crate::Engine::new(config),
     }
 }

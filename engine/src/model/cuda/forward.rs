@@ -1,0 +1,145 @@
+//! The forward pass on the device: embeddings (image rows scattered in), then every layer
+//! (RMSNorm, QKV, RoPE, KV store by slot, paged attention, output projection, SwiGLU MLP, residuals)
+//! on one stream, the final norm and LM head for the rows that want logits, and those logits read
+//! back to the host. Activations and metadata live for the call only.
+
+use super::backend::CudaBackend;
+use super::batch::flatten;
+use super::device::Category;
+use super::kernels::{cfg, elementwise, Arg};
+use crate::error::{EngineError, Result};
+use crate::model::backend::ForwardBatch;
+
+impl CudaBackend {
+    pub(super) fn forward_batch(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
+        let w = self.weights.as_ref().ok_or_else(|| EngineError::Backend("weights are released".into()))?;
+        let kv = self.kv.as_ref().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let c = &self.config;
+        let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
+        let (qd, kvd, inter, bs) = (c.q_dim(), c.kv_dim(), c.intermediate_size, kv.block_size);
+        let dt = self.dtype;
+        let ws = |data: &[i32], what: &str| self.alloc.upload(Category::Workspace, data, what);
+        if !batch.copies.is_empty() {
+            let pairs: Vec<i32> = batch.copies.iter().flat_map(|cp| [cp.src as i32, cp.dst as i32]).collect();
+            let pairs = ws(&pairs, "copy-on-write block pairs")?;
+            let args = [Arg::P(kv.bases.ptr()), Arg::P(pairs.ptr()), Arg::I((bs * kvd) as i32)];
+            let grid = (batch.copies.len() as u32, (2 * kv.k.len()) as u32);
+            self.kernels.launch("copy_blocks", dt, cfg(grid, 256, 0), &args)?;
+        }
+        let f = flatten(batch, c, bs)?;
+        let t = f.tokens.len();
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        let tokens = self.alloc.upload(Category::Workspace, &f.tokens, "token ids")?;
+        let positions = ws(&f.positions, "positions")?;
+        let tok_seq = ws(&f.tok_seq, "token owners")?;
+        let tables = ws(&f.tables, "block tables")?;
+        let slots = self.alloc.upload(Category::Workspace, &f.slots, "KV slots")?;
+        let x = self.act(t * h, "hidden states")?;
+        let hn = self.act(t * h, "normed hidden states")?;
+        let q = self.act(t * qd, "queries")?;
+        let k = self.act(t * kvd, "keys")?;
+        let v = self.act(t * kvd, "values")?;
+        let attn = self.act(t * qd, "attention output")?;
+        let tmp = self.act(t * h, "projection output")?;
+        let gate = self.act(t * inter, "gate")?;
+        let upb = self.act(t * inter, "up")?;
+        let threads = h.min(1024) as u32;
+        let rows = (t as u32, 1);
+        self.kernels.launch(
+            "embed",
+            dt,
+            cfg(rows, threads, 0),
+            &[Arg::P(w.embed.ptr()), Arg::P(tokens.ptr()), Arg::P(x.ptr()), Arg::I(h as i32)],
+        )?;
+        if !f.embed_rows.is_empty() {
+            let er = ws(&f.embed_rows, "image rows")?;
+            let ed = self.alloc.upload(Category::Workspace, &f.embed_data, "image embeddings")?;
+            let grid = (f.embed_rows.len() as u32, 1);
+            self.kernels.launch(
+                "set_rows",
+                dt,
+                cfg(grid, threads, 0),
+                &[Arg::P(x.ptr()), Arg::P(ed.ptr()), Arg::P(er.ptr()), Arg::I(h as i32)],
+            )?;
+        }
+        let scale = 1.0 / (hd as f32).sqrt();
+        let attn_shared = ((hd + f.max_ctx) * 4) as u32;
+        for (l, lw) in w.layers.iter().enumerate() {
+            self.rmsnorm(x.ptr(), 0, lw.attn_norm.ptr(), hn.ptr(), t)?;
+            self.linear(hn.ptr(), lw.q.ptr(), q.ptr(), t, h, qd)?;
+            self.linear(hn.ptr(), lw.k.ptr(), k.ptr(), t, h, kvd)?;
+            self.linear(hn.ptr(), lw.v.ptr(), v.ptr(), t, h, kvd)?;
+            for (buf, heads) in [(&q, nh), (&k, nkv)] {
+                let args = [
+                    Arg::P(buf.ptr()),
+                    Arg::P(positions.ptr()),
+                    Arg::P(self.inv_freq.ptr()),
+                    Arg::I(heads as i32),
+                    Arg::I(hd as i32),
+                ];
+                self.kernels.launch("rope", dt, cfg(rows, (heads * hd / 2) as u32, 0), &args)?;
+            }
+            let args = [
+                Arg::P(k.ptr()),
+                Arg::P(v.ptr()),
+                Arg::P(kv.k[l].ptr()),
+                Arg::P(kv.v[l].ptr()),
+                Arg::P(slots.ptr()),
+                Arg::I(kvd as i32),
+            ];
+            self.kernels.launch("store_kv", dt, cfg(rows, kvd as u32, 0), &args)?;
+            let args = [
+                Arg::P(q.ptr()),
+                Arg::P(kv.k[l].ptr()),
+                Arg::P(kv.v[l].ptr()),
+                Arg::P(attn.ptr()),
+                Arg::P(tok_seq.ptr()),
+                Arg::P(positions.ptr()),
+                Arg::P(tables.ptr()),
+                Arg::I(f.max_blocks as i32),
+                Arg::I(bs as i32),
+                Arg::I(nh as i32),
+                Arg::I(nkv as i32),
+                Arg::I(hd as i32),
+                Arg::F(scale),
+            ];
+            self.kernels.launch("attention", dt, cfg((t as u32, nh as u32), 128, attn_shared), &args)?;
+            self.linear(attn.ptr(), lw.o.ptr(), tmp.ptr(), t, qd, h)?;
+            self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
+            self.rmsnorm(x.ptr(), 0, lw.mlp_norm.ptr(), hn.ptr(), t)?;
+            self.linear(hn.ptr(), lw.gate.ptr(), gate.ptr(), t, h, inter)?;
+            self.linear(hn.ptr(), lw.up.ptr(), upb.ptr(), t, h, inter)?;
+            let n = (t * inter) as i64;
+            self.kernels.launch(
+                "silu_mul",
+                dt,
+                elementwise(t * inter),
+                &[Arg::P(gate.ptr()), Arg::P(upb.ptr()), Arg::P(gate.ptr()), Arg::L(n)],
+            )?;
+            self.linear(gate.ptr(), lw.down.ptr(), tmp.ptr(), t, inter, h)?;
+            self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
+        }
+        let r = f.logit_rows.len();
+        if r == 0 {
+            self.synchronize()?;
+            return Ok(Vec::new());
+        }
+        let lr = ws(&f.logit_rows, "logit rows")?;
+        let normed = self.act(r * h, "final normed rows")?;
+        self.rmsnorm(x.ptr(), lr.ptr(), w.final_norm.ptr(), normed.ptr(), r)?;
+        let vocab = c.vocab_size;
+        let logits = self.act(r * vocab, "logits")?;
+        self.linear(normed.ptr(), w.lm_head.ptr(), logits.ptr(), r, h, vocab)?;
+        let out = self.alloc.alloc(Category::Staging, r * vocab * 4, "logits for the host")?;
+        self.kernels.launch(
+            "to_f32",
+            dt,
+            elementwise(r * vocab),
+            &[Arg::P(logits.ptr()), Arg::P(out.ptr()), Arg::L((r * vocab) as i64)],
+        )?;
+        let host: Vec<f32> = out.read(r * vocab)?;
+        Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+}

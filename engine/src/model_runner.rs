@@ -1,0 +1,102 @@
+//! The model runner: owns the backend, turns the scheduler's decisions into work for it, and
+//! manages what the backend holds across sleep and wake.
+//!
+//! Each step it runs the step's encode jobs (vision encoder outputs for images whose room the
+//! scheduler reserved) and then one forward pass: every scheduled chunk's tokens, positions,
+//! block table and the image embeddings its positions cover, with the step's block copies first.
+//! Sleep level 1 releases the KV pool, level 2 the weights too; wake restores them.
+
+use crate::block_pool::BlockId;
+use crate::error::Result;
+use crate::kv_manager::{BlockCopy, KvManager};
+use crate::model::backend::{Backend, ForwardBatch, SeqChunk};
+use crate::model::weights::ModelWeights;
+use crate::multimodal::encoder_cache::EncoderCache;
+use crate::scheduler::{Chunk, EncodeJob};
+use crate::store::RequestStore;
+
+pub(crate) struct ModelRunner {
+    backend: Box<dyn Backend>,
+}
+
+impl ModelRunner {
+    pub fn new(backend: Box<dyn Backend>) -> Self {
+        ModelRunner { backend }
+    }
+
+    pub fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
+    }
+
+    pub fn allocate_kv(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
+        self.backend.allocate_kv(num_blocks, block_size)
+    }
+
+    /// Runs one encode job: the image's embeddings, or the encoder's error.
+    pub fn encode(&mut self, job: &EncodeJob) -> Result<Vec<f32>> {
+        self.backend.encode_image(&job.pixels)
+    }
+
+    /// The forward batch of a step: each chunk's tokens and block table, and the embeddings of
+    /// the images whose placeholder positions it covers (held in the encoder cache while the
+    /// request prefills them).
+    pub fn build_batch(
+        chunks: &[Chunk],
+        copies: Vec<BlockCopy>,
+        store: &RequestStore,
+        kv: &KvManager,
+        encoder: &EncoderCache,
+    ) -> ForwardBatch {
+        let chunks = chunks
+            .iter()
+            .map(|c| {
+                let s = store.seq(c.seq);
+                let end = c.start + c.len;
+                let embeds = store
+                    .requests
+                    .get(&s.request)
+                    .map(|r| {
+                        r.images
+                            .iter()
+                            .filter(|i| i.start < end && i.start + i.len > c.start)
+                            .map(|i| (i.start, encoder.get(i.hash).expect("encoded before its request prefills")))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                SeqChunk {
+                    tokens: s.tokens[c.start..end].to_vec(),
+                    start_pos: c.start,
+                    block_table: kv.block_table(c.seq).to_vec(),
+                    want_logits: c.want_logits,
+                    embeds,
+                }
+            })
+            .collect();
+        ForwardBatch { copies, chunks }
+    }
+
+    /// Computes a batch: one logits row per chunk that wants it, in order.
+    pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
+        self.backend.forward(batch)
+    }
+
+    /// Releases the KV pool, and at level 2 the weights too.
+    pub fn sleep(&mut self, level: u8) {
+        self.backend.release_kv();
+        if level == 2 {
+            self.backend.release_weights();
+        }
+    }
+
+    pub fn load_weights(&mut self, weights: ModelWeights) -> Result<()> {
+        self.backend.load_weights(weights)
+    }
+
+    pub fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>> {
+        self.backend.read_kv(blocks)
+    }
+
+    pub fn write_kv(&mut self, blocks: &[BlockId], data: &[f32]) -> Result<()> {
+        self.backend.write_kv(blocks, data)
+    }
+}
