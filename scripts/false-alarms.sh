@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # False alarms of the detector on this engine: every shipped scenario at its full default length,
-# for seeds FIRST..LAST (default 1..20), two runs at a time, then one long `mixed` run.
+# for seeds FIRST..LAST (default 1..20), two runs at a time (JOBS=N to change), then one long `mixed` run.
 #   scripts/false-alarms.sh [FIRST] [LAST] [LONG_ITERATIONS]     (build first: cargo build --release)
 # Prints one line per run that did not pass, then a summary; exits 1 if any clean run failed.
 set -u
@@ -19,7 +19,7 @@ run_one() {
 }
 export -f run_one; export plateau out
 t0=$(date +%s)
-printf '%s\n' "${jobs[@]}" | xargs -P 2 -I{} bash -c 'run_one "{}"' > "$out/codes"
+printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -I{} bash -c 'run_one "{}"' > "$out/codes"
 bad=$(awk '$1 != 0' "$out/codes")
 echo "$(wc -l < "$out/codes") clean runs (seeds $first..$last, default lengths) in $(( $(date +%s) - t0 )) s; $(echo -n "$bad" | grep -c .) did not pass"
 [ -n "$bad" ] && echo "$bad" | while read -r code s seed; do echo "  exit $code: $s seed $seed: $(head -1 "$out/$s-$seed.log")"; done

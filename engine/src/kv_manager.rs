@@ -11,8 +11,6 @@
 //! 4. `free` drops every reference, last block first so that a prefix outlives its suffix in the
 //!    LRU, and removes the table. A table that outlives its sequence is a leak.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
-
 use crate::block_pool::{BlockHash, BlockId, BlockPool, PoolCounts};
 use crate::registry::{MetricKind, Registries, TrackedMap};
 
@@ -20,7 +18,7 @@ pub type SeqId = u64;
 
 /// A key that distinguishes the content of positions `start..end` beyond their token ids: the
 /// content hash of an image whose embeddings occupy those placeholder positions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExtraKey {
     pub start: usize,
     pub end: usize,
@@ -57,12 +55,11 @@ pub struct KvManager {
 
 /// Hash of one full block chained to its parent's hash.
 pub fn block_hash(parent: Option<BlockHash>, tokens: &[u32], start_pos: usize, extra: &[ExtraKey]) -> BlockHash {
-    let mut h = DefaultHasher::new();
-    parent.hash(&mut h);
-    tokens.hash(&mut h);
+    let mut h = crate::stable_hash::StableHasher::new();
+    h.opt_u64(parent).u32s(tokens);
     let end_pos = start_pos + tokens.len();
     for k in extra.iter().filter(|k| k.start < end_pos && k.end > start_pos) {
-        k.hash(&mut h);
+        h.len(k.start).len(k.end).u64(k.hash);
     }
     h.finish()
 }

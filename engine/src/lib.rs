@@ -23,6 +23,7 @@ pub mod registry;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
+pub mod stable_hash;
 mod store;
 pub mod tokenizer;
 

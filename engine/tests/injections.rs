@@ -3,8 +3,31 @@
 
 mod common;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicI64, Ordering};
+
 use common::*;
 use plateau_engine::{Engine, Injection};
+
+/// Live heap bytes of this test binary: the system allocator, counted.
+struct Counting;
+
+static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
+
+// SAFETY: every call forwards to the system allocator unchanged; only the count is added.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        LIVE_BYTES.fetch_add(l.size() as i64, Ordering::Relaxed);
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        LIVE_BYTES.fetch_sub(l.size() as i64, Ordering::Relaxed);
+        unsafe { System.dealloc(p, l) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
 
 /// A small workload with n=2 requests, aborts after the fork, and a sleep/wake cycle.
 fn workload(e: &mut Engine) {
@@ -68,8 +91,30 @@ fn sleep_keeps_kv_leaves_a_second_pool() {
 }
 
 #[test]
-fn untracked_heap_passes_idle_but_grows_the_heap() {
-    // No registry sees it: the self-check passes, and only a heap measurement can tell. The
-    // allocator probe lives in the soak harness; here we check the engine keeps the tokens.
+fn untracked_heap_passes_idle_but_grows_the_heap_by_each_output() {
+    // No registry sees it: the self-check passes, and only a heap measurement can tell.
     assert!(violated(Some(Injection::UntrackedHeap)).is_empty());
+    // Live bytes after a drained batch, again after a second identical one: the engine keeps
+    // each finished request's output tokens (10 requests x 2 sequences x 8 tokens x 4 bytes, in
+    // one Vec per request).
+    let growth = |i: Option<Injection>| {
+        let mut e = match i {
+            Some(i) => injected(i),
+            None => engine_with(|_| {}),
+        };
+        let batch = |e: &mut Engine, base: u64| {
+            for k in 0..10 {
+                e.add_request(req(base + k, prompt(k, 12), 2, 8, k)).unwrap();
+            }
+            drain(e, 1000);
+        };
+        batch(&mut e, 0);
+        let before = LIVE_BYTES.load(Ordering::Relaxed);
+        batch(&mut e, 100);
+        LIVE_BYTES.load(Ordering::Relaxed) - before
+    };
+    let clean = growth(None);
+    let leaked = growth(Some(Injection::UntrackedHeap));
+    let per_request = (leaked - clean) / 10;
+    assert!((64..=256).contains(&per_request), "{per_request} bytes per request kept (clean run: {clean} bytes)");
 }

@@ -2,8 +2,6 @@
 //! templates with a run-wide request counter, seeded padding and shared prefixes, the invalid
 //! requests mixed into a batch, the requests a pressure phase needs, and which requests to abort.
 
-use std::hash::{DefaultHasher, Hash, Hasher};
-
 use plateau_engine::tokenizer::{encode, BOS, BYTE_OFFSET};
 use plateau_engine::{Request, SamplingParams};
 use rand_chacha::ChaCha8Rng;
@@ -16,9 +14,7 @@ use plateau_engine::ImageInput;
 use crate::scenario::{Batch, ImageFormatSpec, ImageSpec, Pressure};
 
 pub fn rng_for(parts: &[u64]) -> ChaCha8Rng {
-    let mut h = DefaultHasher::new();
-    parts.hash(&mut h);
-    ChaCha8Rng::seed_from_u64(h.finish())
+    ChaCha8Rng::seed_from_u64(plateau_engine::stable_hash::StableHasher::new().u64s(parts).finish())
 }
 
 /// Seeded byte tokens.

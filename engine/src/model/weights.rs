@@ -5,7 +5,6 @@
 //! the backends' views all walk that list, so a tensor cannot be known to one and missing from another.
 
 use std::collections::BTreeMap;
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
 
 use rand_chacha::ChaCha8Rng;
@@ -138,10 +137,7 @@ impl<'a> VisionView<'a> {
 }
 
 fn name_seed(seed: u64, name: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    seed.hash(&mut h);
-    name.hash(&mut h);
-    h.finish()
+    crate::stable_hash::StableHasher::new().u64(seed).str(name).finish()
 }
 
 impl ModelWeights {

@@ -3,7 +3,6 @@
 //! did), rounded to the vision encoder's patch grid, and normalised into a pixel tensor that the
 //! request keeps for its whole life (a preempted request may need to encode it again).
 
-use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::Cursor;
 
 use image::{ImageFormat, ImageReader, RgbImage};
@@ -106,11 +105,9 @@ pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<
         ));
     }
     let raw = if (w, h) == rgb.dimensions() { rgb.into_raw() } else { resize(rgb, w, h)? };
-    let mut hasher = DefaultHasher::new();
-    (w, h).hash(&mut hasher);
-    raw.hash(&mut hasher);
+    let hash = crate::stable_hash::StableHasher::new().u32(w).u32(h).bytes(&raw).finish();
     let values = raw.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
-    Ok(PixelTensor { width: w, height: h, values, hash: hasher.finish() })
+    Ok(PixelTensor { width: w, height: h, values, hash })
 }
 
 /// Bilinear (triangle-filter) resampling through `fast_image_resize` (SIMD; no threads).
