@@ -130,3 +130,56 @@ fn a_sequence_that_outgrows_the_pool_ends_in_error() {
     assert!(outs[0].error.as_deref().unwrap().contains("KV cache too small"));
     assert_eq!(e.check_idle(), Ok(()));
 }
+
+/// Any request, however malformed, is admitted or refused with an error; never a panic. Whatever
+/// was admitted ends, and the engine is idle and whole afterwards.
+mod random_requests {
+    use super::common::*;
+    use plateau_engine::{ImageInput, Request, SamplingParams};
+    use proptest::prelude::*;
+
+    fn float() -> impl Strategy<Value = f32> {
+        prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(-1.0f32), Just(0.0f32), Just(1e30f32), 0.0f32..2.0]
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        let prompt = prop::collection::vec(prop_oneof![0u32..320, Just(2u32), Just(u32::MAX)], 0..24);
+        let image = prop_oneof![
+            prop::collection::vec(any::<u8>(), 0..64).prop_map(ImageInput::Encoded),
+            (0u32..40, 0u32..40, prop::collection::vec(any::<u8>(), 0..64))
+                .prop_map(|(width, height, pixels)| ImageInput::Rgb { width, height, pixels }),
+        ];
+        let params =
+            (0u32..70, float(), float(), 0u32..400, 0u32..3000, prop::collection::vec(0u32..400, 0..3), any::<bool>());
+        (0u64..6, prompt, prop::collection::vec(image, 0..2), params).prop_map(
+            |(id, prompt, images, (n, temperature, top_p, top_k, max_tokens, stop_token_ids, ignore_eos))| Request {
+                id,
+                prompt,
+                images,
+                params: SamplingParams {
+                    n,
+                    temperature,
+                    top_p,
+                    top_k,
+                    max_tokens,
+                    stop_token_ids,
+                    ignore_eos,
+                    seed: Some(id),
+                },
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        #[test]
+        fn any_request_is_admitted_or_refused(reqs in prop::collection::vec(request(), 1..8)) {
+            let mut e = engine_with(|c| c.max_model_len = Some(256));
+            for r in reqs {
+                let _ = e.add_request(r);
+            }
+            drain(&mut e, 20_000);
+            prop_assert_eq!(e.check_idle(), Ok(()));
+        }
+    }
+}

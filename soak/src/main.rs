@@ -244,8 +244,9 @@ fn dispatch(cli: Cli) -> u8 {
             };
             let dir = out.unwrap_or_else(|| samples.parent().map(Path::to_path_buf).unwrap_or_default());
             if let Err(e) = write_outputs(&dir, &s, &v) {
-                eprintln!("plateau: {}: {e}", dir.display());
-                return HARNESS;
+                // The output directory is the user's: one that cannot be written is bad input.
+                eprintln!("plateau: --out {}: {e}", dir.display());
+                return USAGE;
             }
             eprint!("{}", describe(&v));
             verdict_code(&v)
@@ -273,6 +274,12 @@ fn dispatch(cli: Cli) -> u8 {
             let root = keep
                 .clone()
                 .unwrap_or_else(|| std::env::temp_dir().join(format!("plateau-selftest-{}", std::process::id())));
+            let probe = root.join(".writable");
+            if let Err(e) = std::fs::create_dir_all(&root).and_then(|_| std::fs::write(&probe, b"")) {
+                eprintln!("plateau: --keep {}: {e}", root.display());
+                return USAGE;
+            }
+            let _ = std::fs::remove_file(&probe);
             match plateau_soak::selftest::run(quick, &exe, &root) {
                 Ok(0) => {
                     if keep.is_none() {
@@ -297,6 +304,8 @@ fn dispatch(cli: Cli) -> u8 {
 fn node(role: &str, listen: &str, scenario: &str, seed: u64, inject: Vec<Injection>, peer: Option<String>) -> u8 {
     let run = || -> Result<(), (u8, String)> {
         let role = plateau_soak::pd::node::parse_role(role).map_err(|m| (USAGE, m))?;
+        // The address is the user's: one that does not parse, resolve or bind is bad input.
+        let listener = std::net::TcpListener::bind(listen).map_err(|e| (USAGE, format!("--listen {listen}: {e}")))?;
         let (s, _) = Scenario::load(scenario).map_err(|e| (USAGE, e.to_string()))?;
         let pd = s.pd.clone().ok_or((USAGE, format!("{scenario}: no [pd] section")))?;
         let injections: Injections = inject.into_iter().collect();
@@ -304,7 +313,7 @@ fn node(role: &str, listen: &str, scenario: &str, seed: u64, inject: Vec<Injecti
         let mut engine = driver::build_engine(&s, "cpu", injections, seed).map_err(|e| (USAGE, e.to_string()))?;
         let id = if role == plateau_engine::Role::Prefill { 1 } else { 2 };
         engine.set_role(role, id, pd.kv_transfer_timeout_ms);
-        plateau_soak::pd::node::serve(engine, listen, peer, leak, pd.regions).map_err(|m| (HARNESS, m))
+        plateau_soak::pd::node::serve(engine, listener, peer, leak, pd.regions).map_err(|m| (HARNESS, m))
     };
     match run() {
         Ok(()) => PASS,
@@ -325,8 +334,8 @@ fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
         }
     };
     if let Err(e) = write_outputs(run_dir, &s, &v) {
-        eprintln!("plateau: {}: {e}", run_dir.display());
-        return HARNESS;
+        eprintln!("plateau: {}: cannot write the report: {e}", run_dir.display());
+        return USAGE;
     }
     print!("{}", describe(&v));
     if let Some(b) = baseline {

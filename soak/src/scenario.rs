@@ -554,6 +554,29 @@ impl Scenario {
                 ),
             );
         }
+        // Sizes are bounded before anything is allocated: the longest sequence the model takes
+        // (a preset's, or the engine's max_model_len; for weights from a directory, the largest
+        // any supported model takes), and the KV pool against this machine's memory.
+        let preset = e.weights.is_none().then(|| plateau_engine::ModelConfig::preset(&e.preset).ok()).flatten();
+        let max_len =
+            e.max_model_len.or(preset.as_ref().map(|c| c.max_position_embeddings)).unwrap_or(MAX_SEQUENCE_TOKENS);
+        if let Some(c) = &preset {
+            let kv_bytes = e.num_kv_blocks as u128 * e.block_size as u128 * c.kv_bytes_per_token() as u128;
+            if let Some(avail) = available_memory_bytes() {
+                if kv_bytes > avail as u128 {
+                    return fail(
+                        eng("num_kv_blocks"),
+                        format!(
+                            "a KV pool of {:.1} GiB ({} blocks of {} tokens) does not fit in this machine's available memory ({:.1} GiB)",
+                            kv_bytes as f64 / GIB,
+                            e.num_kv_blocks,
+                            e.block_size,
+                            avail as f64 / GIB
+                        ),
+                    );
+                }
+            }
+        }
         for (i, p) in self.phases.iter().enumerate() {
             let at = |key| Place { section: Some(("phase", i)), key };
             let check_sampling = |n: u32, max_tokens: u32| {
@@ -578,23 +601,40 @@ impl Scenario {
                 Phase::Batch(b) => {
                     check_sampling(b.n, b.max_tokens)?;
                     check_abort(&b.abort)?;
-                    if b.requests == 0 {
-                        return fail(at("requests"), "must be at least 1".into());
+                    if !(1..=MAX_REQUESTS_PER_PHASE).contains(&b.requests) {
+                        return fail(at("requests"), format!("{} is outside 1..={MAX_REQUESTS_PER_PHASE}", b.requests));
+                    }
+                    if b.invalid > MAX_REQUESTS_PER_PHASE {
+                        return fail(at("invalid"), format!("{} is above {MAX_REQUESTS_PER_PHASE}", b.invalid));
+                    }
+                    if let Some(w) = template_widths(&b.prompt).find(|w| *w > MAX_TEMPLATE_WIDTH) {
+                        return fail(
+                            at("prompt"),
+                            format!("a field width of {w} is above {MAX_TEMPLATE_WIDTH} (a request counter has at most 20 digits)"),
+                        );
+                    }
+                    let fixed = b.shared_prefix_tokens as u64 + b.prompt_tokens.unwrap_or(0) as u64;
+                    if fixed + b.max_tokens as u64 >= max_len as u64 {
+                        let key = if b.shared_prefix_tokens as u64 >= b.prompt_tokens.unwrap_or(0) as u64 {
+                            "shared_prefix_tokens"
+                        } else {
+                            "prompt_tokens"
+                        };
+                        return fail(
+                            at(key),
+                            format!(
+                                "shared_prefix_tokens {} + prompt_tokens {} + max_tokens {} leave no room under the model's {max_len} tokens",
+                                b.shared_prefix_tokens,
+                                b.prompt_tokens.unwrap_or(0),
+                                b.max_tokens
+                            ),
+                        );
                     }
                     if !(b.top_p > 0.0 && b.top_p <= 1.0) {
                         return fail(at("top_p"), format!("{} is outside (0, 1]", b.top_p));
                     }
                     if !(b.temperature >= 0.0 && b.temperature.is_finite()) {
                         return fail(at("temperature"), format!("{} must be finite and >= 0", b.temperature));
-                    }
-                    if let Some(len) = b.prompt_tokens {
-                        let max_len = e.max_model_len.unwrap_or(usize::MAX);
-                        if len as usize >= max_len {
-                            return fail(
-                                at("prompt_tokens"),
-                                format!("{len} leaves no room under engine.max_model_len = {max_len}"),
-                            );
-                        }
                     }
                     let pads = b.prompt.matches(plateau_engine::tokenizer::IMAGE_PAD_TEXT).count();
                     if pads > 0 && b.images.is_empty() {
@@ -630,6 +670,15 @@ impl Scenario {
                     if pr.prompt_tokens == 0 {
                         return fail(at("prompt_tokens"), "must be at least 1".into());
                     }
+                    if pr.prompt_tokens as u64 + pr.max_tokens as u64 >= max_len as u64 {
+                        return fail(
+                            at("prompt_tokens"),
+                            format!(
+                                "prompt_tokens {} + max_tokens {} leave no room under the model's {max_len} tokens",
+                                pr.prompt_tokens, pr.max_tokens
+                            ),
+                        );
+                    }
                     if !(pr.overcommit > 1.0 && pr.overcommit <= 10.0) {
                         return fail(at("overcommit"), format!("{} is outside (1, 10]", pr.overcommit));
                     }
@@ -647,6 +696,34 @@ impl Scenario {
         }
         Ok(())
     }
+}
+
+/// Requests (valid or invalid) one phase adds per iteration at most: an iteration's requests are
+/// all in memory at once.
+pub const MAX_REQUESTS_PER_PHASE: u32 = 10_000;
+
+/// Width of a zero-padded request counter (`{i:08}`) at most: a u64 has 20 digits.
+pub const MAX_TEMPLATE_WIDTH: usize = 20;
+
+/// The longest sequence allowed when the model's own limit is not known before loading it
+/// (weights from a directory): the largest context window any supported model declares.
+pub const MAX_SEQUENCE_TOKENS: usize = 1 << 20;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The widths of every `{i:0N}` field of a prompt template.
+fn template_widths(template: &str) -> impl Iterator<Item = usize> + '_ {
+    template
+        .split('{')
+        .skip(1)
+        .filter_map(|f| f.split('}').next()?.strip_prefix("i:0")?.parse::<usize>().ok().or(Some(usize::MAX)))
+}
+
+/// MemAvailable from /proc/meminfo, in bytes (None where there is no such file).
+fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
 }
 
 /// A phase is read through its `kind` tag, which hides where in the phase an error is. When

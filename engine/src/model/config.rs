@@ -142,7 +142,11 @@ impl ModelConfig {
                 .map(|x| x as usize)
                 .ok_or_else(|| EngineError::Weights(format!("config.json: missing or non-integer field `{k}`")))
         };
+        unsupported(&v)?;
         let heads = get("num_attention_heads")?;
+        if heads == 0 {
+            return Err(EngineError::Weights("config.json: num_attention_heads must be at least 1".into()));
+        }
         let hidden = get("hidden_size")?;
         let cfg = ModelConfig {
             vocab_size: get("vocab_size")?,
@@ -195,5 +199,47 @@ impl ModelConfig {
             v["vision_config"] = serde_json::to_value(vc).expect("json");
         }
         serde_json::to_string_pretty(&v).expect("json")
+    }
+}
+
+/// Refuses, by name, what a Llama `config.json` may ask for that this model does not compute:
+/// loading it anyway would give wrong logits, not an error.
+fn unsupported(v: &serde_json::Value) -> Result<()> {
+    let refuse =
+        |what: String| Err(EngineError::Weights(format!("config.json: {what} is not implemented by this model")));
+    if let Some(rs) = v.get("rope_scaling").filter(|x| !x.is_null()) {
+        return refuse(format!("rope_scaling {rs} (scaled RoPE; plain RoPE only)"));
+    }
+    if let Some(act) = v.get("hidden_act").filter(|x| x.as_str() != Some("silu")) {
+        return refuse(format!("hidden_act {act} (SiLU only)"));
+    }
+    for flag in ["attention_bias", "mlp_bias", "tie_word_embeddings"] {
+        if v.get(flag).and_then(|x| x.as_bool()) == Some(true) {
+            return refuse(format!("{flag} = true"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ModelConfig;
+
+    #[test]
+    fn what_the_model_does_not_compute_is_refused_by_name() {
+        let good = ModelConfig::preset("tiny").unwrap().to_hf_json();
+        assert_eq!(ModelConfig::from_hf_json(&good).unwrap(), ModelConfig::preset("tiny").unwrap());
+        let with = |k: &str, v: serde_json::Value| {
+            let mut j: serde_json::Value = serde_json::from_str(&good).unwrap();
+            j[k] = v;
+            ModelConfig::from_hf_json(&j.to_string()).unwrap_err().to_string()
+        };
+        assert!(with("rope_scaling", serde_json::json!({"type": "linear", "factor": 2.0})).contains("rope_scaling"));
+        assert!(with("hidden_act", "gelu".into()).contains("hidden_act \"gelu\""));
+        assert!(with("attention_bias", true.into()).contains("attention_bias = true"));
+        assert!(with("num_attention_heads", 0.into()).contains("num_attention_heads must be at least 1"));
+        let mut j: serde_json::Value = serde_json::from_str(&good).unwrap();
+        j["rope_scaling"] = serde_json::Value::Null;
+        assert!(ModelConfig::from_hf_json(&j.to_string()).is_ok(), "a null rope_scaling is plain RoPE");
     }
 }

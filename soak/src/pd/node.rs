@@ -99,6 +99,10 @@ pub struct WireMetric {
 }
 
 struct Node {
+    /// A controller connected (the first connection whose first call is not `Peer`): the node
+    /// serves it, and exits when it leaves. Connections before it that close without a call, or
+    /// with a bad frame, are strays and change nothing.
+    controller: bool,
     engine: Engine,
     probes: ProcessProbes,
     regions: RegionCache,
@@ -243,20 +247,21 @@ impl Node {
     }
 }
 
-/// Serves one engine until the controller's connection closes. Prints `listening ADDR` first.
+/// Serves one engine on `listener` until the controller's connection closes. Prints `listening
+/// ADDR` first.
 pub fn serve(
     engine: Engine,
-    listen: &str,
+    listener: TcpListener,
     peer: Option<String>,
     leak_on_remap: bool,
     regions: usize,
 ) -> Result<(), String> {
-    let listener = TcpListener::bind(listen).map_err(|e| format!("--listen {listen}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!("listening {addr}");
     use std::io::Write;
     std::io::stdout().flush().ok();
     let node = Arc::new(Mutex::new(Node {
+        controller: false,
         engine,
         probes: ProcessProbes::new(),
         regions: RegionCache::new(regions, leak_on_remap),
@@ -277,28 +282,51 @@ pub fn serve(
     Ok(())
 }
 
-/// Serves one connection; true if it was the controller's (the node then exits).
+/// Who a connection turned out to be, from its first call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// No valid call yet: a stray until it makes one.
+    Unknown,
+    Controller,
+    Peer,
+}
+
+/// Serves one connection; true if it was the controller's (the node then exits). A connection
+/// that closes or sends a bad frame before its first valid call is a stray: ignored. A second
+/// would-be controller is refused.
 fn connection(stream: TcpStream, node: &Mutex<Node>) -> bool {
     let Ok(w) = stream.try_clone() else { return false };
     let (mut r, mut w) = (BufReader::new(stream), BufWriter::new(w));
-    let mut controller = true;
+    let mut caller = Caller::Unknown;
     loop {
         let call: Call = match read_frame(&mut r) {
             Ok((c, _)) => c,
-            Err(WireError::Closed) => return controller,
+            Err(WireError::Closed) => return caller == Caller::Controller,
             Err(e) => {
                 // A corrupted or truncated frame is never applied; the connection is dropped.
                 eprintln!("plateau node: rejected a frame: {e}");
-                return controller;
+                return caller == Caller::Controller;
             }
         };
-        if matches!(call, Call::Peer) {
-            controller = false;
+        let Ok(mut n) = node.lock() else { return caller == Caller::Controller };
+        if caller == Caller::Unknown {
+            caller = match call {
+                Call::Peer => Caller::Peer,
+                _ if n.controller => {
+                    let refusal = Reply::Failed("a controller is already connected to this node".into());
+                    let _ = write_frame(&mut w, &refusal, &[]);
+                    return false;
+                }
+                _ => {
+                    n.controller = true;
+                    Caller::Controller
+                }
+            };
         }
-        let (reply, blob) =
-            node.lock().map(|mut n| n.handle(call)).unwrap_or((Reply::Failed("node poisoned".into()), vec![]));
+        let (reply, blob) = n.handle(call);
+        drop(n);
         if write_frame(&mut w, &reply, &blob).is_err() {
-            return controller;
+            return caller == Caller::Controller;
         }
     }
 }
