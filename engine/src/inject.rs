@@ -1,5 +1,26 @@
 //! Leak injections: named switches, all off by default, each re-creating a real class of leak
-//! through the engine's own structures (DESIGN.md, "Leak injections").
+//! through the structure, on the trigger and at the size of its real bug (docs/INCIDENTS.md).
+//! A detector must never special-case their names: each is caught by what it leaks.
+//!
+//! Where each one sits, in the code path of its real bug:
+//! - `registry-retains-finished`: `OutputProcessor::finalize` (output.rs) forgets to remove the
+//!   finished request, its prompt and its image tensors from `registry.requests`;
+//! - `n-abort-orphans`: `OutputProcessor::abort` (output.rs) leaves the children of a forked n>1
+//!   request registered and running;
+//! - `abort-keeps-blocks`: `OutputProcessor::abort` skips `KvManager::free` for aborted sequences;
+//! - `encoder-cache-abort`: `OutputProcessor::abort` finalizes without releasing the request's
+//!   encoder cache references;
+//! - `untracked-heap`: `OutputProcessor::finalize` appends every output's tokens to a history no
+//!   registry counts (heap only);
+//! - `sleep-keeps-kv`: `Injections::release_pool` (below), through which every backend releases
+//!   its KV pool at sleep, keeps the old pool beside the one wake allocates;
+//! - `pd-prefill-hold`: `KvConnector::release` and `advance_time` (pd/connector.rs) never free a
+//!   held transfer the decode side aborted, and never time it out;
+//! - `pd-handles`: `KvConnector::release` frees the blocks but never the transfer handle;
+//! - `pd-mmap-hook`: the soak's transfer regions (`plateau-soak`, pd/region.rs): the memory hook
+//!   keeps every remapped receive region mapped, outside the allocator;
+//! - `pd-sender-on-abort`: the soak's in-process transport (`plateau-soak`, pd/transport.rs): the
+//!   abort-time purge skips the sender side, whose state only the terminal chunk frees.
 
 use std::fmt;
 use std::str::FromStr;

@@ -37,7 +37,7 @@ pub use model::config::{ModelConfig, VisionConfig};
 pub use model::cpu::CpuBackend;
 pub use model::weights::{ModelWeights, WeightSource};
 pub use multimodal::image::{ImageInput, ImageLimits};
-pub use pd::{Notice, PullOrder, Role, TransferParams};
+pub use pd::{next_hop, NextHop, Notice, PullOrder, Role, TransferParams};
 pub use registry::{Metric, MetricKind};
 pub use request::{
     AbortOutcome, FinishReason, Request, RequestId, RequestOutput, RequestStage, SamplingParams, SeqOutput,

@@ -12,6 +12,7 @@ pub mod hash_model;
 pub mod plan;
 pub mod regions;
 pub mod report;
+pub mod section;
 pub mod spec;
 pub mod trace;
 

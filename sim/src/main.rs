@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use plateau_engine::{Injection, Injections};
 use plateau_sim::faults::Profile;
 use plateau_sim::spec::{default_scenario, parse_seeds, parse_shard, ModelKind, RunSpec};
-use plateau_soak::scenario::Scenario;
+use plateau_spec::scenario::Scenario;
 
 #[derive(Parser)]
 #[command(

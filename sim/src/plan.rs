@@ -7,8 +7,8 @@
 //! point, on every node that is up, after the iteration's requests.
 
 use plateau_engine::{ModelConfig, Request};
-use plateau_soak::scenario::{Phase, Scenario, Stage};
-use plateau_soak::workload::{rng_for, Workload};
+use plateau_spec::scenario::{Phase, Scenario, Stage};
+use plateau_spec::workload::{rng_for, Workload};
 use rand_core::RngCore;
 
 /// Clients sending requests; a disconnect fault takes one away with everything it has in flight.
@@ -44,11 +44,12 @@ fn abort_delay_ms(stage: Stage, draw: u64) -> u64 {
     lo + draw % span
 }
 
-/// The plan of `iterations` iterations of scenario `s`, seeded.
-pub fn from_scenario(s: &Scenario, seed: u64, iterations: u64) -> Result<Vec<IterationPlan>, String> {
+/// The plan of `iterations` iterations of scenario `s`, seeded, its requests of an iteration
+/// arriving over `window_ms`.
+pub fn from_scenario(s: &Scenario, window_ms: u64, seed: u64, iterations: u64) -> Result<Vec<IterationPlan>, String> {
     let model = ModelConfig::preset(&s.engine.preset).map_err(|e| e.to_string())?;
     let mut w = Workload::new(seed);
-    let window = s.sim.arrival_window_ms.max(1);
+    let window = window_ms.max(1);
     let mut plans = Vec::new();
     for iter in 0..iterations {
         let mut rng = rng_for(&[seed, iter, 0x51u64]);
@@ -103,8 +104,8 @@ mod tests {
     #[test]
     fn the_default_cluster_scenario_plans_every_kind_of_request() {
         let s = crate::spec::default_scenario();
-        let plans = from_scenario(&s, 3, 4).unwrap();
-        assert_eq!(plans, from_scenario(&s, 3, 4).unwrap());
+        let plans = from_scenario(&s, 50, 3, 4).unwrap();
+        assert_eq!(plans, from_scenario(&s, 50, 3, 4).unwrap());
         assert_eq!(plans.len(), 4);
         let all: Vec<&Planned> = plans.iter().flat_map(|p| &p.requests).collect();
         assert!(all.iter().any(|p| p.request.params.n > 1));

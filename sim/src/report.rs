@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use plateau_engine::Metric;
 use plateau_reports::{Header, Kind, Row, Samples, SAMPLES_SCHEMA};
-use plateau_soak::detector::{analyze, spec_of, warmup_rule, DetectorConfig};
+use plateau_spec::detector::{analyze, spec_of, warmup_rule, DetectorConfig};
 
 use crate::spec::RunSpec;
 #[cfg(madsim)]

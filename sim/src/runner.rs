@@ -38,7 +38,7 @@ fn install_panic_hook() {
 
 /// Runs one seed to the end and reports what it found. `keep_trace` keeps every trace line.
 pub fn run_seed(spec: &RunSpec, seed: u64, keep_trace: bool) -> RunReport {
-    match crate::plan::from_scenario(&spec.scenario, seed, spec.iterations) {
+    match crate::plan::from_scenario(&spec.scenario, spec.sim.arrival_window_ms, seed, spec.iterations) {
         Ok(plans) => run_plans(spec, seed, plans, None, keep_trace),
         Err(e) => failed(seed, "scenario", "sim".into(), 0, e),
     }

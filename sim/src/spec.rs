@@ -2,9 +2,10 @@
 //! the injections, the model backend and the seed; and the command line's seed ranges and shards.
 
 use plateau_engine::Injections;
-use plateau_soak::scenario::Scenario;
+use plateau_spec::scenario::Scenario;
 
 use crate::faults::Profile;
+use crate::section::SimSection;
 
 /// The simulator's default scenario, embedded.
 pub const DEFAULT_SCENARIO: &str = include_str!("../scenarios/cluster.toml");
@@ -35,6 +36,8 @@ impl ModelKind {
 #[derive(Debug, Clone)]
 pub struct RunSpec {
     pub scenario: Scenario,
+    /// The scenario's `[sim]` section.
+    pub sim: SimSection,
     pub profile: Profile,
     pub injections: Injections,
     pub model: ModelKind,
@@ -50,7 +53,8 @@ impl RunSpec {
         model: ModelKind,
         iterations: Option<u64>,
     ) -> Result<RunSpec, String> {
-        let profile = Profile::parse(faults.unwrap_or(&scenario.sim.faults)).map_err(|e| {
+        let sim = SimSection::of(&scenario)?;
+        let profile = Profile::parse(faults.unwrap_or(&sim.faults)).map_err(|e| {
             if faults.is_some() {
                 format!("--faults: {e}")
             } else {
@@ -63,11 +67,11 @@ impl RunSpec {
                 scenario.name
             ));
         }
-        let iterations = iterations.unwrap_or(scenario.sim.iterations);
+        let iterations = iterations.unwrap_or(sim.iterations);
         if !(1..=10_000).contains(&iterations) {
             return Err(format!("--iterations: {iterations} is outside 1..=10000"));
         }
-        Ok(RunSpec { scenario, profile, injections, model, iterations })
+        Ok(RunSpec { scenario, sim, profile, injections, model, iterations })
     }
 }
 

@@ -42,8 +42,9 @@ impl VisionConfig {
 }
 
 /// The presets, by name, with a one-line description each.
-pub const PRESETS: [(&str, &str); 3] = [
+pub const PRESETS: [(&str, &str); 4] = [
     ("tiny", "2 layers, hidden 64: tests, CI and the default soak"),
+    ("tiny-vl", "tiny with a 2-block vision encoder (patch 14, 2x2 merge): images"),
     ("small", "4 layers, hidden 256: a heavier CPU soak"),
     ("tinyllama-1.1b", "TinyLlama-1.1B's shape (22 layers, hidden 2048, GQA 32/4): GPU runs"),
 ];

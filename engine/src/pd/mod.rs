@@ -81,3 +81,31 @@ pub fn ends_at_first_token(p: &crate::request::SamplingParams, first_token: u32)
         || (!p.ignore_eos && first_token == crate::tokenizer::EOS)
         || p.stop_token_ids.contains(&first_token)
 }
+
+/// Where a request goes once its prefill ended: the routing core every P/D router shares (the
+/// soak's in-process and cross-process pairs, the simulated cluster). Each router adds only what
+/// it alone does (a seeded dead decode node, a client's abort in flight, timeouts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NextHop {
+    /// It ended on the prefill side without its KV held (aborted, failed): nothing to do.
+    Ended,
+    /// Its KV is held and its first token already ends it: release the KV.
+    Release,
+    /// Its KV is held for a decode side: send the request there with these parameters.
+    Decode(TransferParams),
+}
+
+/// The next hop of request `output` (from a prefill engine), sent by its client with `original`.
+pub fn next_hop(original: &crate::request::SamplingParams, output: &crate::request::RequestOutput) -> NextHop {
+    use crate::request::FinishReason;
+    match &output.transfer {
+        Some(t) if matches!(output.finish(), FinishReason::Stopped | FinishReason::Length) => {
+            if ends_at_first_token(original, t.first_token) {
+                NextHop::Release
+            } else {
+                NextHop::Decode(t.clone())
+            }
+        }
+        _ => NextHop::Ended,
+    }
+}

@@ -24,7 +24,7 @@ use std::time::Duration;
 use madsim::net::{Endpoint, NetSim};
 use madsim::runtime::Handle;
 use madsim::time::{sleep, Instant};
-use plateau_engine::pd::ends_at_first_token;
+use plateau_engine::pd::{next_hop, NextHop};
 use plateau_engine::{
     CpuBackend, Engine, FinishReason, Metric, MetricKind, PullOrder, Request, RequestId, RequestOutput, Role,
     TransferParams, WeightSource,
@@ -250,17 +250,17 @@ pub async fn run(
     let kv_timeout_ms =
         s.pd.as_ref()
             .map_or(plateau_engine::EngineConfig::default().kv_transfer_timeout_ms, |p| p.kv_transfer_timeout_ms);
-    let shape = (s.sim.prefill_nodes, s.sim.decode_nodes, s.sim.monolithic_nodes);
-    let horizon_ms = spec.iterations * (s.sim.arrival_window_ms + 150);
+    let shape = (spec.sim.prefill_nodes, spec.sim.decode_nodes, spec.sim.monolithic_nodes);
+    let horizon_ms = spec.iterations * (spec.sim.arrival_window_ms + 150);
     let engine_nodes = shape.0 + shape.1 + shape.2;
     let plan = faults.unwrap_or_else(|| {
         FaultPlan::generate(spec.profile, Shape { engine_nodes, clients: CLIENTS, horizon_ms }, seed)
     });
     let ns = Arc::new(NodeSpec {
-        cost: CostModel::new(s.sim.kv_bandwidth_mb_per_s),
+        cost: CostModel::new(spec.sim.kv_bandwidth_mb_per_s),
         kv_bytes_per_token: model.kv_bytes_per_token() as u64,
         kv_timeout_ms,
-        regions: s.pd.as_ref().map_or(plateau_soak::scenario::PdSection::default().regions, |p| p.regions),
+        regions: s.pd.as_ref().map_or(plateau_spec::scenario::PdSection::default().regions, |p| p.regions),
         seed,
         spec: spec.clone(),
     });

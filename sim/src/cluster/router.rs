@@ -49,25 +49,26 @@ pub(super) fn route(w: &mut World, m: Msg) -> Vec<(usize, Msg)> {
                 return out;
             };
             let finish = o.finish();
-            match (p.phase, o.transfer) {
-                (Phase::Prefill, Some(t)) if matches!(finish, FinishReason::Stopped | FinishReason::Length) => {
-                    let prefill = t.engine_id as usize;
-                    if p.abort_requested {
-                        out.push((prefill, Msg::Release(id, true)));
-                        conclude(w, id, Outcome::Aborted);
-                    } else if ends_at_first_token(&p.original.params, t.first_token) {
-                        out.push((prefill, Msg::Release(id, false)));
-                        conclude(w, id, Outcome::Finished(finish));
-                    } else {
-                        let original = p.original.clone();
-                        let decode = pick(w, Phase::Decode);
-                        let p = w.router.pending.get_mut(&id).expect("looked up above");
-                        p.phase = Phase::Decode;
-                        p.node = decode;
-                        out.push((decode, Msg::AddRemote(original, t)));
-                    }
+            let prefill = o.transfer.as_ref().map(|t| t.engine_id as usize);
+            match (p.phase, next_hop(&p.original.params, &o), prefill) {
+                (Phase::Prefill, NextHop::Release | NextHop::Decode(_), Some(prefill)) if p.abort_requested => {
+                    out.push((prefill, Msg::Release(id, true)));
+                    conclude(w, id, Outcome::Aborted);
                 }
-                (_, t) => {
+                (Phase::Prefill, NextHop::Release, Some(prefill)) => {
+                    out.push((prefill, Msg::Release(id, false)));
+                    conclude(w, id, Outcome::Finished(finish));
+                }
+                (Phase::Prefill, NextHop::Decode(t), _) => {
+                    let original = p.original.clone();
+                    let decode = pick(w, Phase::Decode);
+                    let p = w.router.pending.get_mut(&id).expect("looked up above");
+                    p.phase = Phase::Decode;
+                    p.node = decode;
+                    out.push((decode, Msg::AddRemote(original, t)));
+                }
+                _ => {
+                    let t = o.transfer;
                     if let Some(t) = t {
                         out.push((t.engine_id as usize, Msg::Release(id, true)));
                     }
@@ -93,7 +94,7 @@ pub(super) fn route(w: &mut World, m: Msg) -> Vec<(usize, Msg)> {
 /// Client side, on the router node: sends requests, aborts some, fails those past their timeout.
 pub(super) async fn client(world: Shared, ns: Arc<NodeSpec>, plans: Vec<IterationPlan>) {
     let Ok(ep) = Endpoint::bind(addr(0, CLIENT_PORT)).await else { return };
-    let timeout_ms = ns.spec.scenario.sim.request_timeout_ms;
+    let timeout_ms = ns.spec.sim.request_timeout_ms;
     for (iter, plan) in plans.iter().enumerate() {
         let start = lock(&world).now_ms();
         // Timed actions: (time, order, request index, is_abort).

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use plateau_engine::{FinishReason, Request, RequestOutput, TransferParams};
+use plateau_engine::{next_hop, NextHop, Request, RequestOutput, TransferParams};
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
@@ -47,13 +47,11 @@ impl Router {
 
     pub fn route(&mut self, o: RequestOutput) -> Route {
         let Some(orig) = self.originals.remove(&o.id) else { return Route::Ignore };
-        let Some(t) = o.transfer.clone() else { return Route::Ignore };
-        if !matches!(o.finish(), FinishReason::Stopped | FinishReason::Length) {
-            return Route::Ignore;
-        }
-        if plateau_engine::pd::ends_at_first_token(&orig.params, t.first_token) {
-            return Route::Done(o.id);
-        }
+        let t = match next_hop(&orig.params, &o) {
+            NextHop::Ended => return Route::Ignore,
+            NextHop::Release => return Route::Done(o.id),
+            NextHop::Decode(t) => t,
+        };
         let draw = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         if draw < self.failure_fraction {
             self.dropped += 1;

@@ -1,5 +1,5 @@
 //! The labelled corpus: synthetic samples files of known leak and clean shapes, written by this
-//! generator into `soak/corpus/` and checked by `soak/tests/corpus.rs`, which runs the detector
+//! generator into `soak/spec/corpus/` and checked by `soak/spec/tests/corpus.rs`, which runs the detector
 //! over every file and fails below 100% recall or above zero false alarms.
 //!
 //! Every file holds the same base metrics, with the noise the engine's real series show (the
@@ -15,7 +15,7 @@
 //!   wandering mean-reverting level, and GPU memory through sleep and wake cycles.
 //!
 //! Each at 60, 200 and 500 iterations with three noise seeds, one file per length
-//! (`soak/corpus/n200.csv`: a column per case). Everything is deterministic from the seed, so the
+//! (`soak/spec/corpus/n200.csv`: a column per case). Everything is deterministic from the seed, so the
 //! files in the repository can be checked against this generator; `--example corpus --jsonl DIR`
 //! also writes each case as a samples file for `plateau analyze`.
 

@@ -1,0 +1,277 @@
+//! The scenario's values checked against each other, the model and this machine, before anything
+//! is allocated. Every error names the field and its line.
+
+use super::diagnostics::{locate, Place, ScenarioError};
+use super::phases::{Abort, Phase};
+use super::{parse_duration_secs, Scenario};
+
+impl Scenario {
+    pub(super) fn validate(&self, text: &str, file: &str) -> Result<(), ScenarioError> {
+        let fail = |place: Place, message: String| {
+            let line = locate(text, place);
+            let field = match place.section {
+                Some((sec, i)) if sec == "phase" => format!("phase[{i}].{}", place.key),
+                Some((sec, _)) => format!("{sec}.{}", place.key),
+                None => place.key.to_string(),
+            };
+            Err(ScenarioError { file: file.to_string(), line, column: 1, message: format!("{field}: {message}") })
+        };
+        let top = |key| Place { section: None, key };
+        let eng = |key| Place { section: Some(("engine", 0)), key };
+        let soak = |key| Place { section: Some(("soak", 0)), key };
+        if self.name.trim().is_empty() {
+            return fail(top("name"), "must not be empty".into());
+        }
+        if self.phases.is_empty() {
+            return fail(top("phase"), "a scenario needs at least one [[phase]]".into());
+        }
+        let e = &self.engine;
+        if !["cpu", "cuda", "auto"].contains(&e.backend.as_str()) {
+            return fail(eng("backend"), format!("`{}` is not one of cpu, cuda, auto", e.backend));
+        }
+        if !["f32", "bf16"].contains(&e.dtype.as_str()) {
+            return fail(eng("dtype"), format!("`{}` is not one of f32, bf16", e.dtype));
+        }
+        if e.weights.is_none() {
+            if let Err(err) = plateau_engine::ModelConfig::preset(&e.preset) {
+                return fail(eng("preset"), err.to_string());
+            }
+        }
+        for (key, v) in [
+            ("block_size", e.block_size),
+            ("num_kv_blocks", e.num_kv_blocks),
+            ("max_num_seqs", e.max_num_seqs),
+            ("max_num_batched_tokens", e.max_num_batched_tokens),
+        ] {
+            if v == 0 {
+                return fail(eng(key), "must be at least 1".into());
+            }
+        }
+        if e.encoder_cache_tokens == 0 || e.encoder_cache_entries == 0 || e.max_encoder_tokens_per_step == 0 {
+            return fail(
+                eng("encoder_cache_tokens"),
+                "encoder_cache_tokens, encoder_cache_entries and max_encoder_tokens_per_step must be positive".into(),
+            );
+        }
+        if !(e.min_pixels >= 1 && e.min_pixels <= e.max_pixels && e.max_pixels <= e.hard_max_pixels) {
+            return fail(eng("max_pixels"), "need 1 <= min_pixels <= max_pixels <= hard_max_pixels".into());
+        }
+        if let Some(pd) = &self.pd {
+            let at = |key| Place { section: Some(("pd", 0)), key };
+            if !(0.0..1.0).contains(&pd.decode_failure_fraction) {
+                return fail(
+                    at("decode_failure_fraction"),
+                    format!("{} is outside [0, 1)", pd.decode_failure_fraction),
+                );
+            }
+            if pd.regions == 0 || pd.transfer_bytes_per_step == 0 || pd.kv_transfer_timeout_ms == 0 {
+                return fail(
+                    at("regions"),
+                    "regions, transfer_bytes_per_step and kv_transfer_timeout_ms must be positive".into(),
+                );
+            }
+            let not_pd = |p: &Phase| match p {
+                Phase::Batch(b) => b.n != 1 || !b.images.is_empty(),
+                Phase::Pressure(pr) => pr.n != 1,
+                Phase::Sleep(_) => false,
+            };
+            if pd.kv_transfer_timeout_ms > 3_600_000 {
+                return fail(at("kv_transfer_timeout_ms"), "at most an hour (3600000)".into());
+            }
+            if self.phases.iter().any(not_pd) {
+                return fail(at("mode"), "disaggregated scenarios take n = 1 and no images in every batch".into());
+            }
+        }
+        if self.soak.iterations == 0 {
+            return fail(soak("iterations"), "must be at least 1".into());
+        }
+        if let Some(d) = &self.soak.duration {
+            if let Err(m) = parse_duration_secs(d) {
+                return fail(soak("duration"), m);
+            }
+        }
+        if let Some(t) = &self.soak.tolerance {
+            if let Err(m) = t.parse::<crate::detector::Tolerance>() {
+                return fail(soak("tolerance"), m);
+            }
+        }
+        if self.soak.duration.is_none() && self.soak.warmup_iterations >= self.soak.iterations {
+            return fail(
+                soak("warmup_iterations"),
+                format!(
+                    "{} is at or past the run's length ({} iterations): nothing would be judged",
+                    self.soak.warmup_iterations, self.soak.iterations
+                ),
+            );
+        }
+        // Sizes are bounded before anything is allocated: the longest sequence the model takes
+        // (a preset's, or the engine's max_model_len; for weights from a directory, the largest
+        // any supported model takes), and the KV pool against this machine's memory.
+        let preset = e.weights.is_none().then(|| plateau_engine::ModelConfig::preset(&e.preset).ok()).flatten();
+        let max_len =
+            e.max_model_len.or(preset.as_ref().map(|c| c.max_position_embeddings)).unwrap_or(MAX_SEQUENCE_TOKENS);
+        if let Some(c) = &preset {
+            let kv_bytes = e.num_kv_blocks as u128 * e.block_size as u128 * c.kv_bytes_per_token() as u128;
+            if let Some(avail) = available_memory_bytes() {
+                if kv_bytes > avail as u128 {
+                    return fail(
+                        eng("num_kv_blocks"),
+                        format!(
+                            "a KV pool of {:.1} GiB ({} blocks of {} tokens) does not fit in this machine's available memory ({:.1} GiB)",
+                            kv_bytes as f64 / GIB,
+                            e.num_kv_blocks,
+                            e.block_size,
+                            avail as f64 / GIB
+                        ),
+                    );
+                }
+            }
+        }
+        for (i, p) in self.phases.iter().enumerate() {
+            let at = |key| Place { section: Some(("phase", i)), key };
+            let check_sampling = |n: u32, max_tokens: u32| {
+                if n == 0 {
+                    return fail(at("n"), "must be at least 1".into());
+                }
+                if n as usize > e.max_num_seqs {
+                    return fail(at("n"), format!("{n} exceeds engine.max_num_seqs = {}", e.max_num_seqs));
+                }
+                if max_tokens == 0 {
+                    return fail(at("max_tokens"), "must be at least 1".into());
+                }
+                Ok(())
+            };
+            let check_abort = |a: &Option<Abort>| match a {
+                Some(a) if !(0.0..=1.0).contains(&a.fraction) => {
+                    fail(at("fraction"), format!("{} is outside [0, 1]", a.fraction))
+                }
+                _ => Ok(()),
+            };
+            match p {
+                Phase::Batch(b) => {
+                    check_sampling(b.n, b.max_tokens)?;
+                    check_abort(&b.abort)?;
+                    if !(1..=MAX_REQUESTS_PER_PHASE).contains(&b.requests) {
+                        return fail(at("requests"), format!("{} is outside 1..={MAX_REQUESTS_PER_PHASE}", b.requests));
+                    }
+                    if b.invalid > MAX_REQUESTS_PER_PHASE {
+                        return fail(at("invalid"), format!("{} is above {MAX_REQUESTS_PER_PHASE}", b.invalid));
+                    }
+                    if let Some(w) = template_widths(&b.prompt).find(|w| *w > MAX_TEMPLATE_WIDTH) {
+                        return fail(
+                            at("prompt"),
+                            format!("a field width of {w} is above {MAX_TEMPLATE_WIDTH} (a request counter has at most 20 digits)"),
+                        );
+                    }
+                    let fixed = b.shared_prefix_tokens as u64 + b.prompt_tokens.unwrap_or(0) as u64;
+                    if fixed + b.max_tokens as u64 >= max_len as u64 {
+                        let key = if b.shared_prefix_tokens as u64 >= b.prompt_tokens.unwrap_or(0) as u64 {
+                            "shared_prefix_tokens"
+                        } else {
+                            "prompt_tokens"
+                        };
+                        return fail(
+                            at(key),
+                            format!(
+                                "shared_prefix_tokens {} + prompt_tokens {} + max_tokens {} leave no room under the model's {max_len} tokens",
+                                b.shared_prefix_tokens,
+                                b.prompt_tokens.unwrap_or(0),
+                                b.max_tokens
+                            ),
+                        );
+                    }
+                    if !(b.top_p > 0.0 && b.top_p <= 1.0) {
+                        return fail(at("top_p"), format!("{} is outside (0, 1]", b.top_p));
+                    }
+                    if !(b.temperature >= 0.0 && b.temperature.is_finite()) {
+                        return fail(at("temperature"), format!("{} must be finite and >= 0", b.temperature));
+                    }
+                    let pads = b.prompt.matches(plateau_engine::tokenizer::IMAGE_PAD_TEXT).count();
+                    if pads > 0 && b.images.is_empty() {
+                        return fail(
+                            at("images"),
+                            format!("the prompt has {pads} <|image_pad|> placeholders and no images"),
+                        );
+                    }
+                    if pads == 0 && !b.images.is_empty() {
+                        return fail(
+                            at("images"),
+                            "images given but the prompt has no <|image_pad|> placeholder".into(),
+                        );
+                    }
+                    if let Some(img) =
+                        b.images.iter().find(|i| i.width == 0 || i.height == 0 || i.width > 8192 || i.height > 8192)
+                    {
+                        return fail(at("images"), format!("{}x{}: sides must be in 1..=8192", img.width, img.height));
+                    }
+                    if pads > 0 && e.weights.is_none() {
+                        let vision = plateau_engine::ModelConfig::preset(&e.preset).map(|c| c.vision.is_some());
+                        if vision == Ok(false) {
+                            return fail(
+                                eng("preset"),
+                                format!("`{}` has no vision encoder and phase {i} sends images; use tiny-vl", e.preset),
+                            );
+                        }
+                    }
+                }
+                Phase::Pressure(pr) => {
+                    check_sampling(pr.n, pr.max_tokens)?;
+                    check_abort(&pr.abort)?;
+                    if pr.prompt_tokens == 0 {
+                        return fail(at("prompt_tokens"), "must be at least 1".into());
+                    }
+                    if pr.prompt_tokens as u64 + pr.max_tokens as u64 >= max_len as u64 {
+                        return fail(
+                            at("prompt_tokens"),
+                            format!(
+                                "prompt_tokens {} + max_tokens {} leave no room under the model's {max_len} tokens",
+                                pr.prompt_tokens, pr.max_tokens
+                            ),
+                        );
+                    }
+                    if !(pr.overcommit > 1.0 && pr.overcommit <= 10.0) {
+                        return fail(at("overcommit"), format!("{} is outside (1, 10]", pr.overcommit));
+                    }
+                    let need = pr.prompt_tokens as usize + pr.n as usize * pr.max_tokens as usize;
+                    if need.div_ceil(e.block_size) > e.num_kv_blocks {
+                        return fail(at("prompt_tokens"), "one request alone needs more than the whole KV pool".into());
+                    }
+                }
+                Phase::Sleep(s) => {
+                    if !(1..=2).contains(&s.level) {
+                        return fail(at("level"), format!("{} is not 1 or 2", s.level));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Requests (valid or invalid) one phase adds per iteration at most: an iteration's requests are
+/// all in memory at once.
+pub const MAX_REQUESTS_PER_PHASE: u32 = 10_000;
+
+/// Width of a zero-padded request counter (`{i:08}`) at most: a u64 has 20 digits.
+pub const MAX_TEMPLATE_WIDTH: usize = 20;
+
+/// The longest sequence allowed when the model's own limit is not known before loading it
+/// (weights from a directory): the largest context window any supported model declares.
+pub const MAX_SEQUENCE_TOKENS: usize = 1 << 20;
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The widths of every `{i:0N}` field of a prompt template.
+fn template_widths(template: &str) -> impl Iterator<Item = usize> + '_ {
+    template
+        .split('{')
+        .skip(1)
+        .filter_map(|f| f.split('}').next()?.strip_prefix("i:0")?.parse::<usize>().ok().or(Some(usize::MAX)))
+}
+
+/// MemAvailable from /proc/meminfo, in bytes (None where there is no such file).
+fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
