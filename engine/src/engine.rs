@@ -253,6 +253,18 @@ impl Engine {
         self.kv.counts()
     }
 
+    /// The iteration (or any epoch) the shell is in: registry entries inserted from now on are
+    /// stamped with it, so entries left behind tell how old they are.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.book.set_epoch(epoch);
+    }
+
+    /// Every registry entry still there, by the source line that inserted it and its oldest
+    /// epoch: where a residue came from.
+    pub fn residues(&self) -> Vec<crate::registry::Residue> {
+        self.book.residues()
+    }
+
     fn sources(&self) -> Sources<'_> {
         Sources {
             book: &self.book,

@@ -122,6 +122,7 @@ impl KvManager {
     /// Makes room for `seq` to hold `total_tokens` tokens, `num_computed` of them already in its
     /// blocks. On the first call `hits` are the prefix-cache blocks it starts from. Nothing changes
     /// when the pool cannot supply every block needed.
+    #[track_caller]
     pub fn allocate(
         &mut self,
         seq: SeqId,
@@ -193,6 +194,7 @@ impl KvManager {
     }
 
     /// Gives `child` the blocks of `parent`, shared.
+    #[track_caller]
     pub fn fork(&mut self, parent: SeqId, child: SeqId) {
         assert!(!self.tables.contains_key(&child), "seq {child} forked twice");
         let t = self.tables.get(&parent).expect("fork of a sequence without blocks");

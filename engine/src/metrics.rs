@@ -55,7 +55,6 @@ pub(crate) fn stats(s: &Sources) -> Vec<Metric> {
     let mem = s.backend.memory();
     m.push(count("registry.kv_pools", MetricKind::Bounded { capacity: 1 }, mem.kv_pools));
     let ec = s.encoder;
-    m.push(count("registry.encoder_cache.refs", MetricKind::PerRequest, ec.refs() as u64));
     let budget = MetricKind::Bounded { capacity: ec.budget_tokens() as u64 };
     m.push(count("registry.encoder_cache.embeddings", budget, ec.used_tokens() as u64));
     let bytes = |name: &str, value| Metric { name: name.to_string(), kind: MetricKind::Gauge, unit: "bytes", value };

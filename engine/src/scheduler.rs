@@ -99,11 +99,13 @@ impl Scheduler {
         }
     }
 
+    #[track_caller]
     pub fn add(&mut self, sid: SeqId) {
         self.waiting.push_back(sid);
     }
 
     /// A sequence that starts running without being scheduled (a forked child, a pulled request).
+    #[track_caller]
     pub fn add_running(&mut self, sid: SeqId) {
         self.running.push_back(sid);
     }

@@ -103,6 +103,7 @@ impl RequestStore {
 
     /// A new sequence of `request` (its `index`-th) with its own RNG, seeded from the request's
     /// seed and the index, so every sampled token is reproducible whatever the batch.
+    #[track_caller]
     pub fn new_seq(&mut self, request: RequestId, index: u32, tokens: Vec<u32>, seed: u64) -> SeqId {
         let id = self.next_seq;
         self.next_seq += 1;

@@ -6,4 +6,4 @@ pub mod samples;
 pub mod verdict;
 
 pub use samples::{Header, Kind, MetricSpec, Row, SampleLine, Samples, SamplesError, SAMPLES_SCHEMA, UNITS};
-pub use verdict::{MetricVerdict, Projection, Status, Trend, Verdict, VERDICT_SCHEMA};
+pub use verdict::{MetricVerdict, Projection, Site, Status, Trend, Verdict, VERDICT_SCHEMA};

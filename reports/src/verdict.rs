@@ -60,6 +60,28 @@ pub struct Trend {
     pub tolerance_per_iter: f64,
 }
 
+/// A place in the source behind a failure: where a registry's leftover entries were inserted, or
+/// an allocation site whose live bytes grew.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Site {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    pub file: String,
+    pub line: u32,
+    /// Registry entries left there, and the iteration of the oldest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_iter: Option<u64>,
+    /// Heap growth there (a profiled replay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_iter: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_request: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects_per_iter: Option<f64>,
+}
+
 /// What a failing gauge's growth costs if it goes on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Projection {
@@ -91,6 +113,10 @@ pub struct MetricVerdict {
     /// A failing gauge's growth projected: per request, per million requests, per day.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub projected: Option<Projection>,
+    /// Where in the source: insertion sites of a registry's leftovers, allocation sites of heap
+    /// growth (most first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<Site>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

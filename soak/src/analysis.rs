@@ -3,11 +3,12 @@
 
 use std::path::Path;
 
-use plateau_reports::{Samples, Status, Verdict};
+use plateau_reports::{Samples, Site, Status, Verdict};
 use serde::{Deserialize, Serialize};
 
 use crate::detector::{analyze, warmup_rule, DetectorConfig, Per, Tolerance};
 use crate::probes::AnonMapping;
+use crate::system::Residue;
 
 /// Anonymous mappings at the first quiescent point after warm-up and at the end of the run: a
 /// pmap-style diff says which mapping grew.
@@ -97,12 +98,72 @@ pub fn judge_file(samples: &Path, o: &JudgeOptions) -> Result<(Samples, Verdict)
             samples.display()
         ));
     }
+    if let Some(residues) = std::fs::read(samples.with_file_name("residues.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Vec<Residue>>(&b).ok())
+    {
+        name_insertion_sites(&residues, &mut v);
+    }
     let snap_path = samples.with_file_name("mappings.json");
     if let Some(snap) = std::fs::read(&snap_path).ok().and_then(|b| serde_json::from_slice::<MappingSnapshots>(&b).ok())
     {
         name_grown_mapping(&snap, &mut v);
     }
     Ok((s, v))
+}
+
+/// Names, for every failing registry, where its leftover entries were inserted and how old the
+/// oldest is.
+fn name_insertion_sites(residues: &[Residue], v: &mut Verdict) {
+    for m in v.metrics.iter_mut().filter(|m| m.status == Status::Fail) {
+        let mut mine: Vec<&Residue> = residues.iter().filter(|r| r.registry == m.name).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        mine.sort_by(|a, b| b.count.cmp(&a.count).then(a.oldest_iter.cmp(&b.oldest_iter)));
+        let sites: Vec<Site> = mine
+            .iter()
+            .map(|r| Site {
+                function: source_function(&r.file, r.line),
+                file: r.file.clone(),
+                line: r.line,
+                count: Some(r.count),
+                oldest_iter: Some(r.oldest_iter),
+                bytes_per_iter: None,
+                bytes_per_request: None,
+                objects_per_iter: None,
+            })
+            .collect();
+        let said: Vec<String> = sites
+            .iter()
+            .map(|s| {
+                let f = s.function.as_deref().map(|f| format!(" ({f})")).unwrap_or_default();
+                format!(
+                    "{} entries inserted at {}:{}{f}, oldest from iteration {}",
+                    s.count.unwrap_or(0),
+                    s.file,
+                    s.line,
+                    s.oldest_iter.unwrap_or(0)
+                )
+            })
+            .collect();
+        m.reason.push_str(&format!("; left by: {}", said.join("; ")));
+        m.sites = sites;
+    }
+}
+
+/// The function a source line is in, read from the source when it is at hand (the tree plateau
+/// was built from): the nearest `fn NAME` at or above the line.
+pub fn source_function(file: &str, line: u32) -> Option<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+    let text = std::fs::read_to_string(root.join(file)).ok()?;
+    let lines: Vec<&str> = text.lines().take(line as usize).collect();
+    lines.iter().rev().find_map(|l| {
+        let after =
+            l.split("fn ").nth(1).filter(|_| l.trim_start().starts_with("pub") || l.trim_start().starts_with("fn"))?;
+        let name: String = after.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        (!name.is_empty()).then_some(name)
+    })
 }
 
 /// Adds the mapping that grew most to every failure outside the heap.

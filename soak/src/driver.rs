@@ -447,6 +447,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         if duration.is_some_and(|dur| d.start.elapsed() >= dur) {
             break;
         }
+        d.engine.set_epoch(iter);
         for (i, phase) in scenario.phases.iter().enumerate() {
             d.run_phase(i, phase)?;
             if d.interrupt.load(Ordering::Relaxed) {
@@ -490,8 +491,10 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     d.out.flush().map_err(|e| d.io_err(e))?;
     let wall_secs = d.start.elapsed().as_secs_f64();
     let (iterations_done, aborts) = (d.iter, d.aborts);
+    let residues = d.engine.residues();
     drop(d);
     write_json(&opts.out_dir.join("mappings.json"), &snapshots)?;
+    write_json(&opts.out_dir.join("residues.json"), &residues)?;
     // The warm-up is in the header: a run shorter than it is inconclusive, not an input error.
     let judge = JudgeOptions {
         warmup: None,

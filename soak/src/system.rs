@@ -8,6 +8,37 @@ use plateau_engine::{
     WeightSource,
 };
 use plateau_reports::MetricSpec;
+use serde::{Deserialize, Serialize};
+
+/// Registry entries left at one insertion site (residues.json, one per line of the array).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Residue {
+    pub registry: String,
+    pub file: String,
+    pub line: u32,
+    pub count: u64,
+    pub oldest_iter: u64,
+}
+
+impl From<plateau_engine::registry::Residue> for Residue {
+    fn from(r: plateau_engine::registry::Residue) -> Self {
+        Residue {
+            registry: r.registry,
+            file: r.file.to_string(),
+            line: r.line,
+            count: r.count,
+            oldest_iter: r.oldest_epoch,
+        }
+    }
+}
+
+impl Residue {
+    /// The same residue, its registry name prefixed with a role (`decode.`).
+    pub fn with_role(mut self, role: &str) -> Self {
+        self.registry = format!("{role}.{}", self.registry);
+        self
+    }
+}
 
 pub trait System {
     fn add_request(&mut self, r: Request) -> Result<(), EngineError>;
@@ -24,6 +55,11 @@ pub trait System {
     fn settle_ms(&self) -> u64;
     fn stats(&self) -> Vec<Metric>;
     fn check_idle(&self) -> Result<(), Vec<IdleViolation>>;
+    /// The iteration the shell is in: registry entries inserted from now on carry it.
+    fn set_epoch(&mut self, epoch: u64);
+    /// Every registry entry still there, by inserting source line (registry names role-prefixed
+    /// where the system has roles).
+    fn residues(&self) -> Vec<Residue>;
     fn sleep(&mut self, level: u8) -> Result<(), EngineError>;
     fn wake(&mut self) -> Result<(), EngineError>;
     fn update_weights(&mut self, source: WeightSource) -> Result<(), EngineError>;
@@ -73,6 +109,12 @@ impl System for Engine {
     }
     fn check_idle(&self) -> Result<(), Vec<IdleViolation>> {
         Engine::check_idle(self)
+    }
+    fn set_epoch(&mut self, epoch: u64) {
+        Engine::set_epoch(self, epoch)
+    }
+    fn residues(&self) -> Vec<Residue> {
+        Engine::residues(self).into_iter().map(Residue::from).collect()
     }
     fn sleep(&mut self, level: u8) -> Result<(), EngineError> {
         Engine::sleep(self, level)

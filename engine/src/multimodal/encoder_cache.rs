@@ -34,25 +34,26 @@ struct Entry {
 #[derive(Debug)]
 pub struct EncoderCache {
     entries: TrackedMap<u64, Entry>,
+    /// Every reference, (image hash, request), counted: where each was taken is known.
+    held: TrackedMap<(u64, RequestId), ()>,
     /// Freed entries by the tick they were freed: the first is evicted first.
     freed: BTreeMap<u64, u64>,
     tick: u64,
     used_tokens: usize,
     budget_tokens: usize,
     max_entries: usize,
-    refs: usize,
 }
 
 impl EncoderCache {
     pub fn new(budget_tokens: usize, max_entries: usize, book: &mut Registries) -> Self {
         EncoderCache {
             entries: book.map("registry.encoder_cache.entries", MetricKind::Bounded { capacity: max_entries as u64 }),
+            held: book.map("registry.encoder_cache.refs", MetricKind::PerRequest),
             freed: BTreeMap::new(),
             tick: 0,
             used_tokens: 0,
             budget_tokens,
             max_entries,
-            refs: 0,
         }
     }
 
@@ -66,7 +67,7 @@ impl EncoderCache {
 
     /// References held by requests, over all entries.
     pub fn refs(&self) -> usize {
-        self.refs
+        self.held.len()
     }
 
     pub fn freed_entries(&self) -> usize {
@@ -74,13 +75,14 @@ impl EncoderCache {
     }
 
     /// A hit adds `req`'s reference and returns true; a miss returns false.
+    #[track_caller]
     pub fn acquire(&mut self, hash: u64, req: RequestId) -> bool {
         let Some(e) = self.entries.get_mut(&hash) else { return false };
         if let Some(t) = e.freed_at.take() {
             self.freed.remove(&t);
         }
         if e.refs.insert(req) {
-            self.refs += 1;
+            self.held.insert((hash, req), ());
         }
         true
     }
@@ -104,11 +106,12 @@ impl EncoderCache {
 
     /// Reserves room for an image about to be encoded, with `req`'s reference. `make_room` must
     /// have said yes.
+    #[track_caller]
     pub fn reserve(&mut self, hash: u64, tokens: usize, req: RequestId) {
         assert!(!self.entries.contains_key(&hash), "encoder cache entry reserved twice");
         assert!(self.used_tokens + tokens <= self.budget_tokens, "encoder cache over budget");
         self.used_tokens += tokens;
-        self.refs += 1;
+        self.held.insert((hash, req), ());
         self.entries.insert(hash, Entry { embeds: None, tokens, refs: BTreeSet::from([req]), freed_at: None });
     }
 
@@ -126,11 +129,14 @@ impl EncoderCache {
             self.freed.remove(&t);
         }
         self.used_tokens -= e.tokens;
-        self.refs -= e.refs.len();
+        for r in &e.refs {
+            self.held.remove(&(hash, *r));
+        }
         e.refs.into_iter().collect()
     }
 
     /// Reserves and fills at once (an image encoded outside a step).
+    #[track_caller]
     pub fn insert(&mut self, hash: u64, embeds: Vec<f32>, tokens: usize, req: RequestId) {
         self.reserve(hash, tokens, req);
         self.fill(hash, embeds);
@@ -149,7 +155,7 @@ impl EncoderCache {
     pub fn release(&mut self, hash: u64, req: RequestId) {
         let Some(e) = self.entries.get_mut(&hash) else { return };
         if e.refs.remove(&req) {
-            self.refs -= 1;
+            self.held.remove(&(hash, req));
             if e.refs.is_empty() {
                 self.tick += 1;
                 e.freed_at = Some(self.tick);

@@ -164,6 +164,7 @@ impl KvConnector {
     }
 
     /// Decode side: a remote request's sequence waits for its prompt's KV.
+    #[track_caller]
     pub fn wait_for_kv(&mut self, sid: SeqId) {
         self.waiting_for_kv.push_back(sid);
     }

@@ -57,6 +57,11 @@ pub enum Call {
         settle: Settle,
     },
     CheckIdle,
+    /// The iteration the controller is in (stamps registry entries).
+    SetEpoch {
+        epoch: u64,
+    },
+    Residues,
     Held,
     Mappings,
     Sleep {
@@ -82,6 +87,7 @@ pub enum Reply {
     Probes(Vec<WireMetric>),
     /// Failed idle checks: (metric or check name, what it found).
     Idle(Vec<(String, String)>),
+    Residues(Vec<crate::system::Residue>),
     Count(usize),
     Mappings(Vec<AnonMapping>),
 }
@@ -232,6 +238,11 @@ impl Node {
                 Ok(()) => vec![],
                 Err(v) => v.into_iter().map(|v| (v.metric, v.detail)).collect(),
             }),
+            Call::SetEpoch { epoch } => {
+                e.set_epoch(epoch);
+                Reply::Done
+            }
+            Call::Residues => Reply::Residues(e.residues().into_iter().map(crate::system::Residue::from).collect()),
             Call::Held => Reply::Count(e.held_transfers()),
             Call::Mappings => Reply::Mappings(self.probes.anon_mappings()),
             Call::Sleep { level } => match e.sleep(level) {

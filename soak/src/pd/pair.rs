@@ -142,6 +142,19 @@ impl System for PdPair {
         m
     }
 
+    fn set_epoch(&mut self, epoch: u64) {
+        self.prefill.set_epoch(epoch);
+        self.decode.set_epoch(epoch);
+    }
+
+    fn residues(&self) -> Vec<crate::system::Residue> {
+        let mut out = Vec::new();
+        for (role, e) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            out.extend(e.residues().into_iter().map(|r| crate::system::Residue::from(r).with_role(role)));
+        }
+        out
+    }
+
     fn check_idle(&self) -> Result<(), Vec<IdleViolation>> {
         let mut v = Vec::new();
         for (role, e) in [("prefill", &self.prefill), ("decode", &self.decode)] {

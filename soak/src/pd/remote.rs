@@ -251,6 +251,22 @@ impl System for RemotePair {
         }
     }
 
+    fn set_epoch(&mut self, epoch: u64) {
+        for c in [&self.prefill, &self.decode] {
+            let _ = c.borrow_mut().call(&Call::SetEpoch { epoch });
+        }
+    }
+
+    fn residues(&self) -> Vec<crate::system::Residue> {
+        let mut out = Vec::new();
+        for (role, c) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            if let Ok(Reply::Residues(rs)) = c.borrow_mut().call(&Call::Residues) {
+                out.extend(rs.into_iter().map(|r| r.with_role(role)));
+            }
+        }
+        out
+    }
+
     fn check_idle(&self) -> Result<(), Vec<IdleViolation>> {
         let mut v = Vec::new();
         for (role, c) in [("prefill", &self.prefill), ("decode", &self.decode)] {

@@ -106,6 +106,7 @@ pub(crate) fn blank(name: &str, spec: &MetricSpec, status: Status, reason: Strin
         max_value: None,
         location: None,
         projected: None,
+        sites: Vec::new(),
     }
 }
 
