@@ -104,12 +104,51 @@ pub fn judge_file(samples: &Path, o: &JudgeOptions) -> Result<(Samples, Verdict)
     {
         name_insertion_sites(&residues, &mut v);
     }
+    if let Some(g) = std::fs::read(samples.with_file_name("growth.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<crate::heapprof::GrowthRecord>(&b).ok())
+    {
+        name_growth_sites(&g, &mut v);
+    }
     let snap_path = samples.with_file_name("mappings.json");
     if let Some(snap) = std::fs::read(&snap_path).ok().and_then(|b| serde_json::from_slice::<MappingSnapshots>(&b).ok())
     {
         name_grown_mapping(&snap, &mut v);
     }
     Ok((s, v))
+}
+
+/// Names, for the heap metric a profiled replay explained, the allocation sites of its growth; or
+/// says plainly that the replay did not reproduce it.
+fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
+    let fmt = |b: f64| crate::detector::gauge::fmt_value(b, "bytes");
+    let Some(m) = v.metrics.iter_mut().find(|m| m.name == g.metric) else { return };
+    if !g.reproduced {
+        v.attribution.push(format!(
+            "replay: the profiled replay (iterations {}..{}) grew {}/iteration against the run's {}/iteration: it did not reproduce the growth, so no allocation site is named (the run depended on something outside its seed?)",
+            g.start_iter,
+            g.end_iter,
+            fmt(g.replay_bytes_per_iter),
+            fmt(g.run_bytes_per_iter)
+        ));
+        return;
+    }
+    let Some(top) = g.sites.first() else { return };
+    let at = |s: &Site| format!("{} ({}:{})", s.function.as_deref().unwrap_or("?"), s.file, s.line);
+    m.sites = g.sites.clone();
+    m.reason.push_str(&format!("; grown at {}", at(top)));
+    v.attribution.push(format!(
+        "site: {} gains {}/iteration ({:.1} objects/iteration) of the replay's {}/iteration (profiled replay, iterations {}..{}; growth.txt)",
+        at(top),
+        fmt(top.bytes_per_iter.unwrap_or(0.0)),
+        top.objects_per_iter.unwrap_or(0.0),
+        fmt(g.replay_bytes_per_iter),
+        g.start_iter,
+        g.end_iter
+    ));
+    if m.status == Status::Fail {
+        v.summary.push_str(&format!("; top site: {}", at(top)));
+    }
 }
 
 /// Names, for every failing registry, where its leftover entries were inserted and how old the
@@ -231,4 +270,17 @@ pub fn describe(v: &Verdict) -> String {
         out.push_str(&format!("  note: {w}\n"));
     }
     out
+}
+
+/// Writes `bytes` to `path` whole or not at all: into a temporary file beside it, then renamed.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!(
+        "{}.tmp{}",
+        path.extension().and_then(|e| e.to_str()).unwrap_or(""),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }

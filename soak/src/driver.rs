@@ -69,6 +69,10 @@ pub struct RunOptions {
     pub warmup: Option<u64>,
     /// `--tolerance` (default: the scenario's, else the detector's).
     pub tolerance: Option<crate::detector::Tolerance>,
+    /// A profiled replay (the child side): activate jemalloc's heap profiler at the first
+    /// quiescent point and dump the live heap there (heap-start.prof) and at the second
+    /// (heap-end.prof), into the output directory.
+    pub profile_window: Option<(u64, u64)>,
 }
 
 /// Why a run could not produce a verdict: bad input (exit 2) or the engine/harness failed (exit 3).
@@ -462,6 +466,18 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
             snapshots.start_iter = iter;
             snapshots.start = d.engine.anon_mappings().unwrap_or_else(|| d.probes.anon_mappings());
         }
+        // Last in the iteration, after the harness's own bookkeeping (the mapping snapshot), so
+        // that only what the engine and the run keep is in the profile's difference.
+        if let Some((start, end)) = opts.profile_window {
+            let dump = |name: &str| crate::heapprof::control::dump(&opts.out_dir.join(name)).map_err(RunError::Harness);
+            if iter == start {
+                crate::heapprof::control::activate().map_err(RunError::Harness)?;
+                dump("heap-start.prof")?;
+            }
+            if iter == end {
+                dump("heap-end.prof")?;
+            }
+        }
         let status = match &d.accounting {
             None => "accounting ok".to_string(),
             Some(names) => format!("accounting FAIL: {names}"),
@@ -495,16 +511,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     drop(d);
     write_json(&opts.out_dir.join("mappings.json"), &snapshots)?;
     write_json(&opts.out_dir.join("residues.json"), &residues)?;
-    // The warm-up is in the header: a run shorter than it is inconclusive, not an input error.
-    let judge = JudgeOptions {
-        warmup: None,
-        tolerance: opts.tolerance.or_else(|| scenario.soak.tolerance()),
-        tolerance_explicit: opts.tolerance.is_some() || scenario.soak.tolerance.is_some(),
-        incomplete: interrupted,
-    };
-    let (samples, verdict) = judge_file(&samples_path, &judge).map_err(RunError::Input)?;
-    write_outputs(&opts.out_dir, &samples, &verdict)
-        .map_err(|e| RunError::Harness(format!("{}: {e}", opts.out_dir.display())))?;
+    let verdict = rejudge(scenario, opts, interrupted)?;
     Ok(RunResult {
         verdict,
         out_dir: opts.out_dir.clone(),
@@ -513,6 +520,22 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         wall_secs,
         aborts,
     })
+}
+
+/// Judges a run's samples (and whatever else its directory holds: mappings, residues, growth
+/// sites) and writes verdict.json and the plots.
+pub fn rejudge(scenario: &Scenario, opts: &RunOptions, interrupted: bool) -> Result<Verdict, RunError> {
+    // The warm-up is in the header: a run shorter than it is inconclusive, not an input error.
+    let judge = JudgeOptions {
+        warmup: None,
+        tolerance: opts.tolerance.or_else(|| scenario.soak.tolerance()),
+        tolerance_explicit: opts.tolerance.is_some() || scenario.soak.tolerance.is_some(),
+        incomplete: interrupted,
+    };
+    let (samples, verdict) = judge_file(&opts.out_dir.join("samples.jsonl"), &judge).map_err(RunError::Input)?;
+    write_outputs(&opts.out_dir, &samples, &verdict)
+        .map_err(|e| RunError::Harness(format!("{}: {e}", opts.out_dir.display())))?;
+    Ok(verdict)
 }
 
 fn write_json(path: &Path, v: &impl serde::Serialize) -> Result<(), RunError> {

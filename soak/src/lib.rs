@@ -23,6 +23,8 @@ pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
 pub mod analysis;
 pub mod driver;
+pub mod explain;
+pub mod heapprof;
 pub mod pd;
 pub mod probes;
 pub mod selftest;

@@ -86,6 +86,15 @@ enum Cmd {
         /// (default: the scenario's, else 1B/request).
         #[arg(long)]
         tolerance: Option<Tolerance>,
+        /// Replay the run with jemalloc's heap profiler and name the allocation sites of its heap
+        /// growth (growth.txt, growth.pb.gz, growth.svg), even if the heap did not fail. A heap
+        /// that fails is always replayed.
+        #[arg(long)]
+        profile: bool,
+        /// The profiled replay's own side (set by plateau for the child it runs): activate the
+        /// heap profiler at quiescent point START and dump the live heap there and at END.
+        #[arg(long, hide = true, value_name = "START:END", value_parser = parse_window)]
+        profile_window: Option<(u64, u64)>,
     },
     /// Serve one engine of a prefill/decode pair over TCP (started by `run --pd-processes`).
     Node {
@@ -131,6 +140,9 @@ enum Cmd {
         #[arg(long)]
         keep: Option<PathBuf>,
     },
+    /// Tell the story of a run: what grew, how fast, since when, where (allocation sites, the
+    /// mapping, registry insertion sites), and how to replay it.
+    Explain { run_dir: PathBuf },
     /// Redraw a run's verdict and plots from its samples, optionally against a baseline run.
     Report {
         run_dir: PathBuf,
@@ -166,7 +178,15 @@ fn dispatch(cli: Cli) -> u8 {
             pd_processes,
             warmup,
             tolerance,
+            profile,
+            profile_window,
         } => {
+            if profile && !plateau_soak::heapprof::control::compiled_in() {
+                eprintln!(
+                    "plateau: --profile: this build of plateau has no heap profiling (jemalloc without `profiling`)"
+                );
+                return USAGE;
+            }
             let (s, _) = match Scenario::load(&scenario) {
                 Ok(s) => s,
                 Err(e) => {
@@ -193,9 +213,13 @@ fn dispatch(cli: Cli) -> u8 {
                 pd_processes,
                 warmup,
                 tolerance,
+                profile_window,
             };
             match driver::run(&s, &opts) {
-                Ok(r) => {
+                Ok(mut r) => {
+                    if let Some(code) = heap_sites(&mut r, &s, &opts, profile) {
+                        return code;
+                    }
                     eprint!("{}", describe(&r.verdict));
                     eprintln!(
                         "plateau: {} iterations in {:.1} s ({} aborted, {} abort targets ended first, {} invalid requests refused); results in {}",
@@ -298,6 +322,94 @@ fn dispatch(cli: Cli) -> u8 {
             }
         }
         Cmd::Report { run_dir, baseline } => report(&run_dir, baseline.as_deref()),
+        Cmd::Explain { run_dir } => match plateau_soak::explain::explain(&run_dir) {
+            Ok(story) => {
+                print!("{story}");
+                PASS
+            }
+            Err(e) => {
+                eprintln!("plateau: {e}");
+                USAGE
+            }
+        },
+    }
+}
+
+/// "A:B", two iterations.
+fn parse_window(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s.split_once(':').ok_or_else(|| format!("`{s}`: write START:END"))?;
+    let n = |t: &str| t.trim().parse::<u64>().map_err(|_| format!("`{t}` is not an iteration"));
+    let (a, b) = (n(a)?, n(b)?);
+    if a >= b {
+        return Err(format!("`{s}`: START must come before END"));
+    }
+    Ok((a, b))
+}
+
+/// Iterations a profiled replay profiles after warm-up at most: enough for a per-iteration figure
+/// at the byte, while sampling every allocation costs the replay several times a plain run.
+const REPLAY_ITERATIONS: u64 = 40;
+
+/// After a run whose heap failed (or with --profile), the profiled replay that names where it
+/// grew; then the verdict is drawn again with the sites. Some(exit code) when the replay could not
+/// be run (the run's verdict stays written) or the growth is in another process.
+fn heap_sites(r: &mut driver::RunResult, s: &Scenario, opts: &RunOptions, profile: bool) -> Option<u8> {
+    if opts.profile_window.is_some() || r.interrupted {
+        return None;
+    }
+    let heap = r.verdict.metrics.iter().find(|m| m.name == "jemalloc.allocated")?;
+    let remote = r
+        .verdict
+        .metrics
+        .iter()
+        .any(|m| m.status == plateau_reports::Status::Fail && m.name.ends_with(".jemalloc.allocated"));
+    if remote {
+        eprintln!("plateau: the heap that grew is a node process's: a profiled replay covers one process; rerun without --pd-processes for allocation sites");
+    }
+    if !(profile || heap.status == plateau_reports::Status::Fail) {
+        return None;
+    }
+    let start = r.verdict.warmup_iterations.max(1);
+    let end = r.iterations.min(start + REPLAY_ITERATIONS);
+    if end <= start {
+        eprintln!("plateau: no profiled replay: the run ended within its warm-up");
+        return None;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("plateau: the profiled replay cannot find this binary: {e}");
+            return Some(HARNESS);
+        }
+    };
+    let injections: Vec<String> = r.verdict.injections.clone();
+    let spec = plateau_soak::heapprof::replay::ReplaySpec {
+        exe: &exe,
+        scenario: &opts.scenario_source,
+        seed: r.verdict.seed,
+        injections: &injections,
+        start_iter: start,
+        end_iter: end,
+        run_dir: &r.out_dir,
+        metric: "jemalloc.allocated",
+        run_bytes_per_iter: heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter),
+        requests_per_iter: r.verdict.requests_per_iter,
+    };
+    eprintln!("plateau: profiling a replay of iterations {start}..{end} for the heap's allocation sites");
+    if let Err(e) = spec.run() {
+        eprint!("{}", describe(&r.verdict));
+        eprintln!("plateau: {e}; the run's verdict is in {}", r.out_dir.display());
+        return Some(HARNESS);
+    }
+    match driver::rejudge(s, opts, r.interrupted) {
+        Ok(v) => {
+            r.verdict = v;
+            None
+        }
+        Err(e) => {
+            eprintln!("plateau: {e}");
+            Some(HARNESS)
+        }
     }
 }
 

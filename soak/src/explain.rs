@@ -1,0 +1,110 @@
+//! `plateau explain RUN_DIR`: the whole story of a run in a few lines a person reads first: what
+//! grew, how fast, since when, where (allocation sites, the mapping, registry insertion sites),
+//! and how to replay it.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use plateau_reports::{Status, Verdict};
+
+use crate::detector::gauge::fmt_value;
+use crate::heapprof::GrowthRecord;
+
+/// The story of the run in `dir`, or what is missing to tell it.
+pub fn explain(dir: &Path) -> Result<String, String> {
+    let samples = dir.join("samples.jsonl");
+    if !samples.exists() {
+        return Err(format!("{}: no samples.jsonl: not a run directory of plateau", dir.display()));
+    }
+    let path = dir.join("verdict.json");
+    let v: Verdict = std::fs::read(&path)
+        .map_err(|e| format!("{}: {e} (run `plateau report {}` to judge the samples)", path.display(), dir.display()))
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", path.display())))?;
+    let growth: Option<GrowthRecord> =
+        std::fs::read(dir.join("growth.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} (seed {}, {} backend{}), {} iterations, warm-up {}: {}",
+        v.scenario,
+        v.seed,
+        v.backend,
+        if v.injections.is_empty() { String::new() } else { format!(", injected: {}", v.injections.join(", ")) },
+        v.iterations,
+        v.warmup_iterations,
+        v.verdict.as_str().to_uppercase()
+    );
+    let failing: Vec<_> = v.metrics.iter().filter(|m| m.status == Status::Fail).collect();
+    if failing.is_empty() {
+        let _ = writeln!(out, "{}", v.summary);
+    }
+    for m in &failing {
+        let since = m.first_iter.map(|i| format!(", conclusive at iteration {i}")).unwrap_or_default();
+        let _ = writeln!(out, "\n{} ({}){since}", m.name, m.kind);
+        match (&m.trend, m.kind.as_str()) {
+            (Some(t), _) => {
+                let u = m.unit.as_str();
+                let _ = write!(out, "  grows {}/iteration", fmt_value(t.slope_per_iter, u));
+                if let Some(p) = &m.projected {
+                    if let Some(r) = p.per_request {
+                        let _ = write!(out, ", {} per request", fmt_value(r, u));
+                    }
+                    if let Some(d) = p.per_day {
+                        let _ = write!(out, ", {} per day at this run's pace", fmt_value(d, u));
+                    }
+                }
+                let _ = writeln!(out, " (the run resolves {}/iteration)", fmt_value(t.resolution_per_iter, u));
+            }
+            (None, _) => {
+                let _ = writeln!(out, "  {}", m.reason.split("; left by").next().unwrap_or(&m.reason));
+            }
+        }
+        if let Some(l) = &m.location {
+            let _ = writeln!(out, "  where: {l}");
+        }
+        for s in &m.sites {
+            let f = s.function.as_deref().map(|f| format!(" in {f}")).unwrap_or_default();
+            match (s.count, s.bytes_per_iter) {
+                (Some(n), _) => {
+                    let _ = writeln!(
+                        out,
+                        "  {n} entries inserted at {}:{}{f}, the oldest from iteration {}",
+                        s.file,
+                        s.line,
+                        s.oldest_iter.unwrap_or(0)
+                    );
+                }
+                (None, Some(b)) => {
+                    let per_req =
+                        s.bytes_per_request.map(|r| format!(", {}/request", fmt_value(r, "bytes"))).unwrap_or_default();
+                    let _ = writeln!(
+                        out,
+                        "  allocated at {}:{}{f}: {}/iteration{per_req}, {:.1} objects/iteration",
+                        s.file,
+                        s.line,
+                        fmt_value(b, "bytes"),
+                        s.objects_per_iter.unwrap_or(0.0)
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    let notes: Vec<&String> = v
+        .attribution
+        .iter()
+        .filter(|a| a.starts_with("mapping:") || a.starts_with("replay:") || a.starts_with("outside"))
+        .collect();
+    if !notes.is_empty() {
+        out.push('\n');
+        for a in notes {
+            let _ = writeln!(out, "{a}");
+        }
+    }
+    let inj: String = v.injections.iter().map(|i| format!(" --inject {i}")).collect();
+    let _ = writeln!(out, "\nreplay: plateau run {} --seed {} --iterations {}{inj}", v.scenario, v.seed, v.iterations);
+    if let Some(g) = growth {
+        let _ = writeln!(out, "profiled replay (growth.txt, growth.pb.gz, growth.svg): {}", g.command);
+    }
+    Ok(out)
+}

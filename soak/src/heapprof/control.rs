@@ -1,0 +1,41 @@
+//! jemalloc's heap profiler, switched from inside the profiled process: whether this build has
+//! it, activation, and dumps. Profiling must be enabled when the process starts (`prof:true` in
+//! `MALLOC_CONF`, which the parent sets for a replay); it stays inactive, costing nothing, until a
+//! replay activates it after warm-up.
+
+use std::ffi::CString;
+use std::path::Path;
+
+/// The `MALLOC_CONF` a profiled replay starts with: profiling compiled in and enabled, inactive
+/// until the warm-up is over, and every allocation sampled (`lg_prof_sample:0`), so that a leak
+/// of a few bytes per request is seen exactly, not estimated.
+pub const REPLAY_MALLOC_CONF: &str = "prof:true,prof_active:false,lg_prof_sample:0";
+
+/// Whether this binary's jemalloc was built with heap profiling.
+pub fn compiled_in() -> bool {
+    // SAFETY: `config.prof` is a read-only bool mallctl.
+    unsafe { tikv_jemalloc_ctl::raw::read::<bool>(b"config.prof\0") }.unwrap_or(false)
+}
+
+/// Whether profiling was enabled at start (`opt.prof`).
+pub fn enabled() -> bool {
+    // SAFETY: `opt.prof` is a read-only bool mallctl.
+    unsafe { tikv_jemalloc_ctl::raw::read::<bool>(b"opt.prof\0") }.unwrap_or(false)
+}
+
+/// Starts sampling allocations.
+pub fn activate() -> Result<(), String> {
+    if !enabled() {
+        return Err("heap profiling is not enabled in this process (start it with MALLOC_CONF=prof:true)".into());
+    }
+    // SAFETY: `prof.active` is a read-write bool mallctl.
+    unsafe { tikv_jemalloc_ctl::raw::write::<bool>(b"prof.active\0", true) }.map_err(|e| format!("prof.active: {e}"))
+}
+
+/// Writes the live heap's profile (jemalloc's heap_v2 text) to `path`.
+pub fn dump(path: &Path) -> Result<(), String> {
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: `prof.dump` takes a NUL-terminated path that lives for the call.
+    unsafe { tikv_jemalloc_ctl::raw::write::<*const std::ffi::c_char>(b"prof.dump\0", c.as_ptr()) }
+        .map_err(|e| format!("prof.dump {}: {e}", path.display()))
+}

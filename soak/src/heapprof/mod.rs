@@ -1,0 +1,227 @@
+//! Where heap growth comes from, by deterministic replay: the run is replayed (same scenario, seed
+//! and injections) with jemalloc's heap profiler sampling every allocation, the live heap is
+//! dumped after warm-up and at the end, and the difference is taken per allocation stack and
+//! symbolized to the function and line that allocated what stayed. No profiler alone can do this:
+//! it needs a run that can be repeated exactly.
+//!
+//! Outputs in the run directory: `growth.txt` (the top growing stacks, the project's own frames
+//! first), `growth.pb.gz` (the difference as a pprof profile), `growth.svg` (its flamegraph) and
+//! `growth.json` (the sites and the replay's figures, which the verdict's heap metric carries).
+
+pub mod control;
+pub mod parse;
+pub mod pprof;
+pub mod replay;
+pub mod symbolize;
+
+use std::path::Path;
+
+use plateau_reports::Site;
+use serde::{Deserialize, Serialize};
+
+use parse::HeapProfile;
+use symbolize::{short_name, Frame, Symbolizer};
+
+/// One allocation stack whose live heap grew between the dumps.
+#[derive(Debug, Clone)]
+pub struct StackGrowth {
+    /// Return addresses, innermost first, and the frames at each.
+    pub addrs: Vec<u64>,
+    pub frames: Vec<Vec<Frame>>,
+    pub objects: i64,
+    pub bytes: i64,
+}
+
+impl StackGrowth {
+    /// Every frame, innermost first.
+    pub fn flat(&self) -> impl Iterator<Item = &Frame> {
+        self.frames.iter().flatten()
+    }
+
+    /// The allocation site: the innermost frame of this project's code (past the allocator, the
+    /// standard library and dependencies), else the innermost frame past the allocator.
+    pub fn site(&self) -> Option<&Frame> {
+        self.flat().find(|f| f.is_project() && !f.is_allocator()).or_else(|| {
+            self.flat().find(|f| !f.is_allocator() && !f.file.as_deref().is_some_and(|p| p.starts_with("target/")))
+        })
+    }
+}
+
+/// The heap's growth between two dumps of a replay.
+#[derive(Debug, Clone)]
+pub struct Growth {
+    pub start_iter: u64,
+    pub end_iter: u64,
+    /// Stacks that grew, most bytes first.
+    pub stacks: Vec<StackGrowth>,
+}
+
+impl Growth {
+    pub fn iterations(&self) -> f64 {
+        (self.end_iter.saturating_sub(self.start_iter)).max(1) as f64
+    }
+
+    pub fn bytes_per_iter(&self) -> f64 {
+        self.stacks.iter().map(|s| s.bytes).sum::<i64>() as f64 / self.iterations()
+    }
+
+    /// Growth by allocation site, most bytes first: (site, objects, bytes).
+    pub fn sites(&self) -> Vec<(Frame, i64, i64)> {
+        let mut by: Vec<(Frame, i64, i64)> = Vec::new();
+        for s in &self.stacks {
+            let Some(site) = s.site() else { continue };
+            match by.iter_mut().find(|x| x.0 == *site) {
+                Some(x) => (x.1, x.2) = (x.1 + s.objects, x.2 + s.bytes),
+                None => by.push((site.clone(), s.objects, s.bytes)),
+            }
+        }
+        by.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.file.cmp(&b.0.file)).then(a.0.line.cmp(&b.0.line)));
+        by
+    }
+
+    /// The top sites as a verdict carries them.
+    pub fn verdict_sites(&self, requests_per_iter: Option<f64>, top: usize) -> Vec<Site> {
+        let n = self.iterations();
+        self.sites()
+            .into_iter()
+            .filter(|s| s.2 > 0)
+            .take(top)
+            .map(|(f, objects, bytes)| Site {
+                function: Some(short_name(&f.function)),
+                file: f.file.clone().unwrap_or_default(),
+                line: f.line.unwrap_or(0),
+                count: None,
+                oldest_iter: None,
+                bytes_per_iter: Some(bytes as f64 / n),
+                bytes_per_request: requests_per_iter.map(|r| bytes as f64 / n / r),
+                objects_per_iter: Some(objects as f64 / n),
+            })
+            .collect()
+    }
+}
+
+/// Reads two dumps of this binary and symbolizes the stacks whose live heap changed.
+pub fn growth(start: &Path, end: &Path, start_iter: u64, end_iter: u64, exe: &Path) -> Result<Growth, String> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p)
+            .map_err(|e| format!("{}: {e}", p.display()))
+            .and_then(|t| HeapProfile::parse(&t).map_err(|e| format!("{}: {e}", p.display())))
+    };
+    let (a, b) = (read(start)?, read(end)?);
+    let sym = Symbolizer::new(exe, &b.maps)?;
+    let mut stacks: Vec<StackGrowth> = a
+        .diff(&b)
+        .into_iter()
+        .filter(|(_, (_, bytes))| *bytes > 0)
+        .map(|(addrs, (objects, bytes))| {
+            let frames = addrs.iter().map(|&x| sym.frames(x)).collect();
+            StackGrowth { addrs, frames, objects, bytes }
+        })
+        .collect();
+    stacks.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
+    Ok(Growth { start_iter, end_iter, stacks })
+}
+
+/// What growth.json holds: the sites and the replay that found them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GrowthRecord {
+    /// The heap metric the sites explain.
+    pub metric: String,
+    pub start_iter: u64,
+    pub end_iter: u64,
+    /// The replay's heap growth against the run's: whether the replay reproduced it.
+    pub replay_bytes_per_iter: f64,
+    pub run_bytes_per_iter: f64,
+    pub reproduced: bool,
+    /// The replay's command line, for a person to run again.
+    pub command: String,
+    pub sites: Vec<Site>,
+}
+
+/// Writes growth.txt, growth.pb.gz and growth.svg into `dir`.
+pub fn write_files(dir: &Path, g: &Growth, requests_per_iter: Option<f64>, command: &str) -> Result<(), String> {
+    let io = |p: &str, e: std::io::Error| format!("{}: {e}", dir.join(p).display());
+    let txt = growth_text(g, requests_per_iter, command);
+    crate::analysis::write_atomic(&dir.join("growth.txt"), txt.as_bytes()).map_err(|e| io("growth.txt", e))?;
+    let stacks: Vec<(Vec<u64>, Vec<Vec<Frame>>, i64, i64)> =
+        g.stacks.iter().map(|s| (s.addrs.clone(), s.frames.clone(), s.objects, s.bytes)).collect();
+    let comment = format!("heap gained between iterations {} and {}: {command}", g.start_iter, g.end_iter);
+    pprof::write(&dir.join("growth.pb.gz"), &pprof::profile(&stacks, &comment)).map_err(|e| io("growth.pb.gz", e))?;
+    let svg = flamegraph(g).map_err(|e| io("growth.svg", e))?;
+    crate::analysis::write_atomic(&dir.join("growth.svg"), &svg).map_err(|e| io("growth.svg", e))
+}
+
+fn fmt_bytes(v: f64) -> String {
+    plateau_spec::detector::gauge::fmt_value(v, "bytes")
+}
+
+/// The top growing stacks, one block each: the rate, then the project's frames, then how many
+/// frames of the standard library and dependencies were left out.
+pub fn growth_text(g: &Growth, requests_per_iter: Option<f64>, command: &str) -> String {
+    let n = g.iterations();
+    let per_req = |b: f64| requests_per_iter.map(|r| format!(", {}/request", fmt_bytes(b / r))).unwrap_or_default();
+    let total = g.bytes_per_iter();
+    let mut out = format!(
+        "Heap growth between iterations {} and {} of a profiled replay (every allocation sampled):\n{}/iteration in all{}\nreplay: {command}\n",
+        g.start_iter,
+        g.end_iter,
+        fmt_bytes(total),
+        per_req(total)
+    );
+    for s in g.stacks.iter().take(10) {
+        let b = s.bytes as f64 / n;
+        let site = s.site().map(|f| {
+            format!("{} ({}:{})", short_name(&f.function), f.file.as_deref().unwrap_or("?"), f.line.unwrap_or(0))
+        });
+        out.push_str(&format!(
+            "\n{}/iteration, {:.1} objects/iteration{}: {}\n",
+            fmt_bytes(b),
+            s.objects as f64 / n,
+            per_req(b),
+            site.unwrap_or_else(|| "?".into())
+        ));
+        let mut others = 0;
+        for f in s.flat().filter(|f| !f.is_allocator()) {
+            if f.is_project() {
+                out.push_str(&format!(
+                    "    {}:{}  {}\n",
+                    f.file.as_deref().unwrap_or("?"),
+                    f.line.unwrap_or(0),
+                    short_name(&f.function)
+                ));
+            } else {
+                others += 1;
+            }
+        }
+        if others > 0 {
+            out.push_str(&format!("    (+{others} frames of the standard library and dependencies)\n"));
+        }
+    }
+    out
+}
+
+/// A flamegraph of the bytes gained, stacks outermost first, allocator frames left out.
+fn flamegraph(g: &Growth) -> std::io::Result<Vec<u8>> {
+    let lines: Vec<String> = g
+        .stacks
+        .iter()
+        .map(|s| {
+            let names: Vec<String> = s
+                .flat()
+                .filter(|f| !f.is_allocator())
+                .map(|f| short_name(&f.function).replace(';', ","))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            format!("{} {}", if names.is_empty() { "?".to_string() } else { names.join(";") }, s.bytes)
+        })
+        .collect();
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = format!("Heap gained between iterations {} and {}", g.start_iter, g.end_iter);
+    opts.count_name = "bytes".into();
+    opts.deterministic = true;
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)?;
+    Ok(svg)
+}
