@@ -60,7 +60,7 @@ pub(crate) fn validate(l: &Limits, state: State, r: &Request) -> Result<()> {
     if !(p.top_p > 0.0 && p.top_p <= 1.0) {
         return bad(format!("top_p {} is outside (0, 1]", p.top_p));
     }
-    if !(p.temperature >= 0.0) || !p.temperature.is_finite() {
+    if !p.temperature.is_finite() || p.temperature < 0.0 {
         return bad(format!("temperature {} must be finite and >= 0", p.temperature));
     }
     if let Some(&t) = p.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {

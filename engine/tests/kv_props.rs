@@ -89,10 +89,8 @@ proptest! {
                     let l = live.swap_remove(seq % live.len());
                     kv.free(l.id);
                 }
-                Op::Evict { tokens } => {
-                    if kv.allocate(u64::MAX, &[], 0, tokens).is_ok() {
-                        kv.free(u64::MAX);
-                    }
+                Op::Evict { tokens } if kv.allocate(u64::MAX, &[], 0, tokens).is_ok() => {
+                    kv.free(u64::MAX);
                 }
                 _ => {}
             }

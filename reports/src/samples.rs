@@ -227,7 +227,7 @@ impl Samples {
                 Ok(s) => {
                     if let Some(prev) = rows.last() {
                         let prev: &Row = prev;
-                        if !(s.t > prev.t) {
+                        if s.t.partial_cmp(&prev.t) != Some(std::cmp::Ordering::Greater) {
                             return Err(err(
                                 n,
                                 "t",
@@ -274,7 +274,8 @@ fn bad_line(err: &impl Fn(usize, &str, String) -> SamplesError, n: usize, line: 
     let Some(o) = v.as_object() else {
         return err(n, "sample", "not a JSON object".into());
     };
-    let checks: [(&str, fn(&serde_json::Value) -> bool, &str); 4] = [
+    type Check = (&'static str, fn(&serde_json::Value) -> bool, &'static str);
+    let checks: [Check; 4] = [
         ("t", |x| x.is_number(), "a number of seconds"),
         ("iter", |x| x.is_u64(), "a non-negative integer"),
         ("quiescent", |x| x.is_boolean(), "true or false"),

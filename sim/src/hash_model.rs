@@ -21,7 +21,7 @@ type Result<T> = std::result::Result<T, EngineError>;
 
 /// Floats per slot in transferred KV: 64 bits as three integers below 2^24.
 const FLOATS_PER_SLOT: usize = 3;
-const EMPTY_SLOT: u64 = 0x5EED_0F_E4A7_7A11;
+const EMPTY_SLOT: u64 = 0x5E_ED0F_E4A7_7A11;
 
 pub fn mix(a: u64, b: u64) -> u64 {
     let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);

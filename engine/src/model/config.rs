@@ -155,7 +155,7 @@ impl ModelConfig {
             num_hidden_layers: get("num_hidden_layers")?,
             num_attention_heads: heads,
             num_key_value_heads: get("num_key_value_heads").unwrap_or(heads),
-            head_dim: get("head_dim").unwrap_or(if heads > 0 { hidden / heads } else { 0 }),
+            head_dim: get("head_dim").unwrap_or(hidden.checked_div(heads).unwrap_or(0)),
             intermediate_size: get("intermediate_size")?,
             max_position_embeddings: get("max_position_embeddings")?,
             rope_theta: v.get("rope_theta").and_then(|x| x.as_f64()).unwrap_or(10000.0) as f32,

@@ -13,6 +13,7 @@
 //! 3. An entry with no reference is *freed* but kept, most recently freed last, until the budget
 //!    (in embeddings) or the entry cap forces its eviction; a later request with the same image
 //!    takes it back without encoding.
+//!
 //! A reference that outlives its request is a leak: `refs()` must be 0 whenever nothing is in flight.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -37,7 +37,7 @@ impl HeapProfile {
                 .trim()
                 .strip_prefix("t*:")
                 .and_then(|c| {
-                    let mut it = c.split(|ch: char| ch == ':' || ch == '[').map(str::trim);
+                    let mut it = c.split([':', '[']).map(str::trim);
                     Some((it.next()?.parse::<i64>().ok()?, it.next()?.parse::<i64>().ok()?))
                 })
                 .ok_or_else(|| format!("line {}: expected `t*: objects: bytes`", m + 1))?;

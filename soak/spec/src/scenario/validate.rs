@@ -10,7 +10,7 @@ impl Scenario {
         let fail = |place: Place, message: String| {
             let line = locate(text, place);
             let field = match place.section {
-                Some((sec, i)) if sec == "phase" => format!("phase[{i}].{}", place.key),
+                Some(("phase", i)) => format!("phase[{i}].{}", place.key),
                 Some((sec, _)) => format!("{sec}.{}", place.key),
                 None => place.key.to_string(),
             };
