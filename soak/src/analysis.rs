@@ -1,67 +1,12 @@
 //! The shell around the detector: read a samples file, judge it, add what the run directory
-//! knows beyond the samples (the anonymous-mapping snapshots), and write verdict.json and plots.
+//! knows beyond the samples (mapping snapshots, registry residues, heap growth by site), and write verdict.json and plots.
 
 use std::path::Path;
 
 use plateau_reports::{Samples, Site, Status, Verdict};
-use serde::{Deserialize, Serialize};
 
 use crate::detector::{analyze, warmup_rule, DetectorConfig, Per, Tolerance};
-use crate::probes::AnonMapping;
 use crate::system::Residue;
-
-/// Anonymous mappings at the first quiescent point after warm-up and at the end of the run: a
-/// pmap-style diff says which mapping grew.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct MappingSnapshots {
-    pub start_iter: u64,
-    pub end_iter: u64,
-    pub start: Vec<AnonMapping>,
-    pub end: Vec<AnonMapping>,
-}
-
-/// One address range that grew between the snapshots.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrownRange {
-    pub name: String,
-    pub perms: String,
-    pub start: u64,
-    pub end: u64,
-    /// Bytes of the range that were not mapped at the first snapshot.
-    pub grown_bytes: u64,
-}
-
-impl MappingSnapshots {
-    /// Ranges mapped at the end that were not (wholly) mapped at the start, largest growth first.
-    /// Adjacent anonymous mappings with the same permissions are merged by the kernel, so a leak
-    /// of many mappings can show as one range that grew.
-    pub fn grown(&self) -> Vec<GrownRange> {
-        let mut v: Vec<GrownRange> = self
-            .end
-            .iter()
-            .map(|e| {
-                let (e0, e1) = (e.start, e.start + e.bytes);
-                let overlap: u64 = self
-                    .start
-                    .iter()
-                    .map(|s| (s.start.max(e0), (s.start + s.bytes).min(e1)))
-                    .filter(|(a, b)| a < b)
-                    .map(|(a, b)| b - a)
-                    .sum();
-                GrownRange {
-                    name: e.name.clone(),
-                    perms: e.perms.clone(),
-                    start: e0,
-                    end: e1,
-                    grown_bytes: e.bytes - overlap.min(e.bytes),
-                }
-            })
-            .filter(|g| g.grown_bytes > 0)
-            .collect();
-        v.sort_by(|a, b| b.grown_bytes.cmp(&a.grown_bytes).then(a.start.cmp(&b.start)));
-        v
-    }
-}
 
 /// How a samples file is judged: what the user said, beyond what the file says.
 #[derive(Debug, Clone, Default)]
@@ -110,10 +55,12 @@ pub fn judge_file(samples: &Path, o: &JudgeOptions) -> Result<(Samples, Verdict)
     {
         name_growth_sites(&g, &mut v);
     }
+    note_node_heaps(&mut v);
     let snap_path = samples.with_file_name("mappings.json");
-    if let Some(snap) = std::fs::read(&snap_path).ok().and_then(|b| serde_json::from_slice::<MappingSnapshots>(&b).ok())
+    if let Some(snap) =
+        std::fs::read(&snap_path).ok().and_then(|b| serde_json::from_slice::<crate::mappings::Snapshots>(&b).ok())
     {
-        name_grown_mapping(&snap, &mut v);
+        crate::mappings::name_grown(&snap, &mut v);
     }
     Ok((s, v))
 }
@@ -148,6 +95,23 @@ fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
     ));
     if m.status == Status::Fail {
         v.summary.push_str(&format!("; top site: {}", at(top)));
+    }
+}
+
+/// Says, for a failing heap of a node process (`--pd-processes`), why no allocation site is named:
+/// the profiled replay runs plateau's own process, not the node's.
+fn note_node_heaps(v: &mut Verdict) {
+    let nodes: Vec<String> = v
+        .metrics
+        .iter()
+        .filter(|m| m.status == Status::Fail && m.name.ends_with(".jemalloc.allocated"))
+        .map(|m| m.name.clone())
+        .collect();
+    if !nodes.is_empty() {
+        v.attribution.push(format!(
+            "replay: {} grows in a node process; a profiled replay covers plateau's own process only, so no allocation site is named: rerun with --profile and without --pd-processes (the same pair in one process) for the sites",
+            nodes.join(", ")
+        ));
     }
 }
 
@@ -203,37 +167,6 @@ pub fn source_function(file: &str, line: u32) -> Option<String> {
         let name: String = after.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
         (!name.is_empty()).then_some(name)
     })
-}
-
-/// Adds the mapping that grew most to every failure outside the heap.
-fn name_grown_mapping(snap: &MappingSnapshots, v: &mut Verdict) {
-    let grown = snap.grown();
-    let Some(g) = grown.first() else { return };
-    let outside = v
-        .metrics
-        .iter()
-        .any(|m| m.status == Status::Fail && m.location.as_deref().is_some_and(|l| l.starts_with("outside the heap")));
-    if !outside {
-        return;
-    }
-    let total: u64 = grown.iter().map(|g| g.grown_bytes).sum();
-    let name = format!("{} {} mapping {:#x}-{:#x}", g.name, g.perms, g.start, g.end);
-    let line = format!(
-        "mapping: the {name} grew by {:.1} MiB between iterations {} and {} ({} ranges grew, {:.1} MiB in all)",
-        g.grown_bytes as f64 / 1024.0 / 1024.0,
-        snap.start_iter,
-        snap.end_iter,
-        grown.len(),
-        total as f64 / 1024.0 / 1024.0
-    );
-    for m in v.metrics.iter_mut().filter(|m| m.status == Status::Fail) {
-        if let Some(l) = &mut m.location {
-            if l.starts_with("outside the heap") {
-                l.push_str(&format!("; growing mapping: {name}"));
-            }
-        }
-    }
-    v.attribution.push(line);
 }
 
 /// Writes verdict.json and the plots into `dir`. Plot failures are reported, not fatal.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use plateau_engine::{AbortOutcome, Engine, Injections, RequestStage, Role, WeightSource};
 use plateau_reports::{Header, SampleLine, Verdict, SAMPLES_SCHEMA};
 
-use crate::analysis::{judge_file, write_outputs, JudgeOptions, MappingSnapshots};
+use crate::analysis::{judge_file, write_outputs, JudgeOptions};
 use crate::detector::{spec_of, warmup_rule};
 use crate::pd::pair::{PdOptions, PdPair};
 use crate::probes::{sample_engine, ProcessProbes, Settle, PURGE_EVERY};
@@ -391,6 +391,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     let engine = build_system(scenario, &opts.scenario_source, &backend, opts.injections.clone(), seed)?;
     std::fs::create_dir_all(&opts.out_dir)
         .map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
+    clear_earlier_run(&opts.out_dir);
     let samples_path = opts.out_dir.join("samples.jsonl");
     let file = File::create(&samples_path).map_err(|e| RunError::Input(format!("{}: {e}", samples_path.display())))?;
     let known_length = (limit != MAX_ITERATIONS).then_some(limit);
@@ -443,7 +444,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         );
         pb
     });
-    let mut snapshots = MappingSnapshots::default();
+    let mut snapshots = crate::mappings::Snapshots::default();
     let mut last_line = Instant::now();
     d.sample(true)?;
     let mut interrupted = false;
@@ -464,7 +465,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         d.sample(true)?;
         if iter == warmup.max(1) {
             snapshots.start_iter = iter;
-            snapshots.start = d.engine.anon_mappings().unwrap_or_else(|| d.probes.anon_mappings());
+            snapshots.start = d.engine.mappings().unwrap_or_else(|| d.probes.mappings());
         }
         // Last in the iteration, after the harness's own bookkeeping (the mapping snapshot), so
         // that only what the engine and the run keep is in the profile's difference.
@@ -503,7 +504,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         pb.finish_and_clear();
     }
     snapshots.end_iter = d.iter;
-    snapshots.end = d.engine.anon_mappings().unwrap_or_else(|| d.probes.anon_mappings());
+    snapshots.end = d.engine.mappings().unwrap_or_else(|| d.probes.mappings());
     d.out.flush().map_err(|e| d.io_err(e))?;
     let wall_secs = d.start.elapsed().as_secs_f64();
     let (iterations_done, aborts) = (d.iter, d.aborts);
@@ -520,6 +521,29 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         wall_secs,
         aborts,
     })
+}
+
+/// What a run writes beside its samples, read back when the run is judged: left in the directory
+/// by an earlier run, any of them would be read as this run's (an earlier interrupted verdict, an
+/// earlier replay's growth sites).
+const RUN_OUTPUTS: [&str; 9] = [
+    "verdict.json",
+    "mappings.json",
+    "residues.json",
+    "growth.json",
+    "growth.txt",
+    "growth.pb.gz",
+    "growth.svg",
+    "heap-start.prof",
+    "heap-end.prof",
+];
+
+/// Removes what an earlier run left in `dir` (the samples file is truncated by its creation).
+fn clear_earlier_run(dir: &Path) {
+    for name in RUN_OUTPUTS {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    let _ = std::fs::remove_dir_all(dir.join("replay"));
 }
 
 /// Judges a run's samples (and whatever else its directory holds: mappings, residues, growth

@@ -5,7 +5,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use plateau_reports::{Status, Verdict};
+use plateau_reports::{Samples, Status, Verdict};
 
 use crate::detector::gauge::fmt_value;
 use crate::heapprof::GrowthRecord;
@@ -20,6 +20,7 @@ pub fn explain(dir: &Path) -> Result<String, String> {
     let v: Verdict = std::fs::read(&path)
         .map_err(|e| format!("{}: {e} (run `plateau report {}` to judge the samples)", path.display(), dir.display()))
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", path.display())))?;
+    let samples = Samples::read(&samples).map_err(|e| e.to_string())?;
     let growth: Option<GrowthRecord> =
         std::fs::read(dir.join("growth.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
     let mut out = String::new();
@@ -39,8 +40,19 @@ pub fn explain(dir: &Path) -> Result<String, String> {
         let _ = writeln!(out, "{}", v.summary);
     }
     for m in &failing {
-        let since = m.first_iter.map(|i| format!(", conclusive at iteration {i}")).unwrap_or_default();
-        let _ = writeln!(out, "\n{} ({}){since}", m.name, m.kind);
+        let onset = m.trend.as_ref().and_then(|t| {
+            let series: Vec<(u64, f64)> = samples
+                .index(&m.name)
+                .map(|i| samples.quiescent_series(i))
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(iter, _)| *iter > v.warmup_iterations)
+                .collect();
+            growing_since(&series, 2.0 * t.noise.max(t.quantum))
+        });
+        let since = onset.map(|i| format!(", growing since iteration {i}")).unwrap_or_default();
+        let conclusive = m.first_iter.map(|i| format!(", conclusive at iteration {i}")).unwrap_or_default();
+        let _ = writeln!(out, "\n{} ({}){since}{conclusive}", m.name, m.kind);
         match (&m.trend, m.kind.as_str()) {
             (Some(t), _) => {
                 let u = m.unit.as_str();
@@ -107,4 +119,31 @@ pub fn explain(dir: &Path) -> Result<String, String> {
         let _ = writeln!(out, "profiled replay (growth.txt, growth.pb.gz, growth.svg): {}", g.command);
     }
     Ok(out)
+}
+
+/// The iteration since which a series has stayed more than `margin` above its first point (the
+/// level at the end of warm-up): the point after the last one within `margin` of it. None when
+/// the series is back within the margin at its end.
+fn growing_since(series: &[(u64, f64)], margin: f64) -> Option<u64> {
+    let base = series.first()?.1;
+    let last_low = series.iter().rposition(|(_, v)| *v <= base + margin)?;
+    series.get(last_low + 1).map(|(iter, _)| *iter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::growing_since;
+
+    #[test]
+    fn onset_is_where_the_series_leaves_its_level_for_good() {
+        let flat_then_rising: Vec<(u64, f64)> = (21..=100)
+            .map(|i| (i, if i < 60 { 100.0 + (i % 2) as f64 } else { 100.0 + (i - 59) as f64 * 10.0 }))
+            .collect();
+        assert_eq!(growing_since(&flat_then_rising, 4.0), Some(60));
+        let rising: Vec<(u64, f64)> = (21..=100).map(|i| (i, i as f64 * 100.0)).collect();
+        assert_eq!(growing_since(&rising, 4.0), Some(22));
+        let back_down: Vec<(u64, f64)> = (21..=30).map(|i| (i, if i == 30 { 0.0 } else { i as f64 * 100.0 })).collect();
+        assert_eq!(growing_since(&back_down, 4.0), None);
+        assert_eq!(growing_since(&[], 4.0), None);
+    }
 }

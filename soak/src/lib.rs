@@ -25,6 +25,7 @@ pub mod analysis;
 pub mod driver;
 pub mod explain;
 pub mod heapprof;
+pub mod mappings;
 pub mod pd;
 pub mod probes;
 pub mod selftest;

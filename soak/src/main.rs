@@ -357,15 +357,9 @@ fn heap_sites(r: &mut driver::RunResult, s: &Scenario, opts: &RunOptions, profil
     if opts.profile_window.is_some() || r.interrupted {
         return None;
     }
+    // A node process's heap (`decode.jemalloc.allocated`) is not replayed: the verdict says so
+    // (analysis::note_node_heaps).
     let heap = r.verdict.metrics.iter().find(|m| m.name == "jemalloc.allocated")?;
-    let remote = r
-        .verdict
-        .metrics
-        .iter()
-        .any(|m| m.status == plateau_reports::Status::Fail && m.name.ends_with(".jemalloc.allocated"));
-    if remote {
-        eprintln!("plateau: the heap that grew is a node process's: a profiled replay covers one process; rerun without --pd-processes for allocation sites");
-    }
     if !(profile || heap.status == plateau_reports::Status::Fail) {
         return None;
     }

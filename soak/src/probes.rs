@@ -65,16 +65,6 @@ pub const PROC: [(&str, &str); 15] = [
     ("threads", "count"),
 ];
 
-/// One anonymous mapping as the kernel lists it: its name (`[anon:NAME]` when the owner named it,
-/// else `anonymous`), and its size.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct AnonMapping {
-    pub name: String,
-    pub perms: String,
-    pub start: u64,
-    pub bytes: u64,
-}
-
 /// How much of the allocator a sample settles first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Settle {
@@ -166,13 +156,9 @@ impl ProcessProbes {
         self.proc.as_ref()
     }
 
-    /// The process's anonymous mappings now, for a pmap-style diff.
-    pub fn anon_mappings(&self) -> Vec<AnonMapping> {
-        self.proc
-            .as_ref()
-            .and_then(|p| p.maps().ok())
-            .map(|maps| maps.into_iter().filter_map(|m| anon_mapping(&m)).collect())
-            .unwrap_or_default()
+    /// The process's mappings now, for a pmap-style diff.
+    pub fn mappings(&self) -> Vec<crate::mappings::Mapping> {
+        self.proc.as_ref().map(crate::mappings::of_process).unwrap_or_default()
     }
 }
 
@@ -229,7 +215,7 @@ pub fn read_proc(p: &Process, prefix: &str, values: &mut BTreeMap<String, f64>) 
             } else {
                 match &m.pathname {
                     MMapPath::Path(_) => &mut t.file,
-                    _ if anon_mapping(&m).is_some() => &mut t.anon,
+                    _ if is_anonymous(&m.pathname) => &mut t.anon,
                     _ => continue,
                 }
             };
@@ -292,22 +278,20 @@ pub fn settle_allocator(settle: Settle) {
     }
 }
 
-/// A private anonymous mapping (unnamed, or named `[anon:NAME]` by its owner), else None.
-fn anon_mapping(m: &procfs::process::MemoryMap) -> Option<AnonMapping> {
-    if m.perms.contains(MMPermissions::SHARED) {
-        return None;
+/// An anonymous mapping: unnamed, or named `[anon:NAME]` by its owner.
+fn is_anonymous(p: &MMapPath) -> bool {
+    match p {
+        MMapPath::Anonymous => true,
+        MMapPath::Other(o) => o.starts_with("anon:"),
+        _ => false,
     }
-    let name = match &m.pathname {
-        MMapPath::Anonymous => "anonymous".to_string(),
-        MMapPath::Other(o) if o.starts_with("anon:") => format!("[{o}]"),
-        _ => return None,
-    };
-    Some(AnonMapping {
-        name,
-        perms: m.perms.as_str().to_string(),
-        start: m.address.0,
-        bytes: m.address.1 - m.address.0,
-    })
+}
+
+/// The engine's registries and counters, with `prefix`.
+pub fn sample_engine(stats: &[Metric], prefix: &str, values: &mut BTreeMap<String, f64>) {
+    for m in stats {
+        values.insert(format!("{prefix}{}", m.name), m.value as f64);
+    }
 }
 
 #[cfg(test)]
@@ -319,12 +303,5 @@ mod tests {
             super::status_fields(text),
             vec![("rss", 12288.0), ("rss_anon", 4096.0), ("pte", 8192.0), ("threads", 3.0)]
         );
-    }
-}
-
-/// The engine's registries and counters, with `prefix`.
-pub fn sample_engine(stats: &[Metric], prefix: &str, values: &mut BTreeMap<String, f64>) {
-    for m in stats {
-        values.insert(format!("{prefix}{}", m.name), m.value as f64);
     }
 }

@@ -66,9 +66,9 @@ pub trait System {
     fn model_config(&self) -> &ModelConfig;
     fn config(&self) -> &EngineConfig;
     fn backend_name(&self) -> &'static str;
-    /// The anonymous mappings of the process where leaks outside the heap would show, when that
-    /// is not this one (a decode node). None: this process.
-    fn anon_mappings(&self) -> Option<Vec<crate::probes::AnonMapping>> {
+    /// The mappings of the process where leaks outside the heap would show, when that is not
+    /// this one (a decode node). None: this process.
+    fn mappings(&self) -> Option<Vec<crate::mappings::Mapping>> {
         None
     }
     /// Specs of the process probes of other processes this system runs in, role-prefixed

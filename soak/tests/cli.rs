@@ -3,15 +3,11 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn plateau(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_plateau")).args(args).output().expect("run plateau")
-}
+mod common;
+use common::plateau;
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("plateau-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::tmp("cli", name)
 }
 
 fn scenario(name: &str) -> String {
@@ -73,6 +69,9 @@ fn registry_leak_fails_run_and_analyze() {
 #[test]
 fn pd_mmap_hook_is_reported_outside_the_heap_with_its_mapping() {
     let d = tmp("pd-mmap");
+    // What an earlier run into the same directory left must not be read as this run's.
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("growth.json"), b"{}").unwrap();
     let o = plateau(&[
         "run",
         "pd-transfer",
@@ -90,6 +89,13 @@ fn pd_mmap_hook_is_reported_outside_the_heap_with_its_mapping() {
         v["attribution"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
     assert!(attribution.iter().any(|a| a.starts_with("outside the heap")), "{attribution:?}");
     assert!(attribution.iter().any(|a| a.starts_with("mapping:")), "{attribution:?}");
+    assert!(!d.join("growth.json").exists(), "an earlier run's growth.json is left");
+    let outside = v["metrics"].as_array().unwrap().iter().find(|m| m["name"] == "proc.anon_outside_heap").unwrap();
+    let location = outside["location"].as_str().unwrap();
+    assert!(location.contains("mapped at soak/src/pd/region.rs:"), "{location}");
+    let site = &outside["sites"][0];
+    assert_eq!(site["file"], "soak/src/pd/region.rs", "{site}");
+    assert!(site["bytes_per_iter"].as_f64().unwrap() > 100.0 * 1024.0, "{site}");
     let heap = v["metrics"].as_array().unwrap().iter().find(|m| m["name"] == "jemalloc.allocated").unwrap();
     assert_ne!(heap["status"], "fail", "the heap stays (nearly) flat: {}", heap["reason"]);
 }

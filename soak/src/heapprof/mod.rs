@@ -22,6 +22,11 @@ use serde::{Deserialize, Serialize};
 use parse::HeapProfile;
 use symbolize::{short_name, Frame, Symbolizer};
 
+/// The share of a replay's heap growth below which a site is not named in the verdict: what the
+/// harness itself keeps between the dumps (the dump's own buffers, a growing sample row) is a few
+/// bytes in a window of 40 iterations, under a thousandth of the smallest leak a run resolves.
+const MIN_SITE_SHARE: f64 = 0.01;
+
 /// One allocation stack whose live heap grew between the dumps.
 #[derive(Debug, Clone)]
 pub struct StackGrowth {
@@ -50,6 +55,8 @@ impl StackGrowth {
 /// The heap's growth between two dumps of a replay.
 #[derive(Debug, Clone)]
 pub struct Growth {
+    /// The profiled binary.
+    pub binary: String,
     pub start_iter: u64,
     pub end_iter: u64,
     /// Stacks that grew, most bytes first.
@@ -79,12 +86,14 @@ impl Growth {
         by
     }
 
-    /// The top sites as a verdict carries them.
+    /// The top sites as a verdict carries them: those with at least [`MIN_SITE_SHARE`] of the
+    /// growth (growth.txt lists every one).
     pub fn verdict_sites(&self, requests_per_iter: Option<f64>, top: usize) -> Vec<Site> {
         let n = self.iterations();
+        let total: i64 = self.stacks.iter().map(|s| s.bytes).sum();
         self.sites()
             .into_iter()
-            .filter(|s| s.2 > 0)
+            .filter(|s| s.2 > 0 && s.2 as f64 >= MIN_SITE_SHARE * total as f64)
             .take(top)
             .map(|(f, objects, bytes)| Site {
                 function: Some(short_name(&f.function)),
@@ -119,7 +128,7 @@ pub fn growth(start: &Path, end: &Path, start_iter: u64, end_iter: u64, exe: &Pa
         })
         .collect();
     stacks.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
-    Ok(Growth { start_iter, end_iter, stacks })
+    Ok(Growth { binary: exe.display().to_string(), start_iter, end_iter, stacks })
 }
 
 /// What growth.json holds: the sites and the replay that found them.
@@ -143,10 +152,29 @@ pub fn write_files(dir: &Path, g: &Growth, requests_per_iter: Option<f64>, comma
     let io = |p: &str, e: std::io::Error| format!("{}: {e}", dir.join(p).display());
     let txt = growth_text(g, requests_per_iter, command);
     crate::analysis::write_atomic(&dir.join("growth.txt"), txt.as_bytes()).map_err(|e| io("growth.txt", e))?;
-    let stacks: Vec<(Vec<u64>, Vec<Vec<Frame>>, i64, i64)> =
-        g.stacks.iter().map(|s| (s.addrs.clone(), s.frames.clone(), s.objects, s.bytes)).collect();
+    // The allocator's and the profiler's own frames (innermost) would take every byte's `flat`
+    // share in pprof: each stack starts at its first frame past them.
+    let stacks: Vec<pprof::Stack> = g
+        .stacks
+        .iter()
+        .map(|s| {
+            // An address is the allocator's when any frame at it is (jemalloc inlines its
+            // profiling hooks into its own entry points), or when nothing at it is known.
+            let skip = s
+                .frames
+                .iter()
+                .take_while(|fs| {
+                    fs.iter().any(Frame::is_allocator)
+                        || fs.iter().all(|f| f.file.is_none() && f.function.starts_with("0x"))
+                })
+                .count();
+            let skip = if skip == s.frames.len() { 0 } else { skip };
+            (s.addrs[skip..].to_vec(), s.frames[skip..].to_vec(), s.objects, s.bytes)
+        })
+        .collect();
     let comment = format!("heap gained between iterations {} and {}: {command}", g.start_iter, g.end_iter);
-    pprof::write(&dir.join("growth.pb.gz"), &pprof::profile(&stacks, &comment)).map_err(|e| io("growth.pb.gz", e))?;
+    let profile = pprof::profile(&stacks, &g.binary, &comment);
+    pprof::write(&dir.join("growth.pb.gz"), &profile).map_err(|e| io("growth.pb.gz", e))?;
     let svg = flamegraph(g).map_err(|e| io("growth.svg", e))?;
     crate::analysis::write_atomic(&dir.join("growth.svg"), &svg).map_err(|e| io("growth.svg", e))
 }
@@ -224,4 +252,36 @@ fn flamegraph(g: &Growth) -> std::io::Result<Vec<u8>> {
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut opts, lines.iter().map(String::as_str), &mut svg)?;
     Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack(file: &str, line: u32, objects: i64, bytes: i64) -> StackGrowth {
+        let f = Frame { function: format!("f{line}"), file: Some(file.into()), line: Some(line) };
+        StackGrowth { addrs: vec![line as u64], frames: vec![vec![f]], objects, bytes }
+    }
+
+    #[test]
+    fn sites_merge_stacks_and_drop_the_harness_crumbs() {
+        let g = Growth {
+            binary: "plateau".into(),
+            start_iter: 20,
+            end_iter: 60,
+            stacks: vec![
+                stack("engine/src/output.rs", 243, 800, 112_000),
+                stack("engine/src/output.rs", 243, 10, 1_000),
+                stack("engine/src/registry.rs", 208, 64, 24_000),
+                stack("soak/src/driver.rs", 473, 1, 32),
+            ],
+        };
+        let s = g.verdict_sites(Some(20.0), 5);
+        assert_eq!(s.len(), 2, "{s:?}");
+        assert_eq!((s[0].file.as_str(), s[0].line), ("engine/src/output.rs", 243));
+        assert_eq!(s[0].bytes_per_iter, Some(113_000.0 / 40.0));
+        assert_eq!(s[0].objects_per_iter, Some(810.0 / 40.0));
+        assert_eq!(s[0].bytes_per_request, Some(113_000.0 / 40.0 / 20.0));
+        assert_eq!(s[1].line, 208);
+    }
 }

@@ -15,6 +15,8 @@ pub struct Profile {
     pub sample_type: Vec<ValueType>,
     #[prost(message, repeated, tag = "2")]
     pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
     #[prost(message, repeated, tag = "4")]
     pub location: Vec<Location>,
     #[prost(message, repeated, tag = "5")]
@@ -46,10 +48,30 @@ pub struct Sample {
     pub value: Vec<i64>,
 }
 
+/// The binary the addresses are in. Its functions, files, lines and inlined frames are all in
+/// the profile already, so `pprof` does not look for the binary to symbolize it again.
+#[derive(Clone, PartialEq, Message)]
+pub struct Mapping {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int64, tag = "5")]
+    pub filename: i64,
+    #[prost(bool, tag = "7")]
+    pub has_functions: bool,
+    #[prost(bool, tag = "8")]
+    pub has_filenames: bool,
+    #[prost(bool, tag = "9")]
+    pub has_line_numbers: bool,
+    #[prost(bool, tag = "10")]
+    pub has_inline_frames: bool,
+}
+
 #[derive(Clone, PartialEq, Message)]
 pub struct Location {
     #[prost(uint64, tag = "1")]
     pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub mapping_id: u64,
     #[prost(uint64, tag = "3")]
     pub address: u64,
     /// Innermost inlined frame first.
@@ -77,9 +99,12 @@ pub struct Function {
     pub filename: i64,
 }
 
-/// Builds the profile: `stacks` are (addresses innermost first, their frames per address,
-/// objects gained, bytes gained).
-pub fn profile(stacks: &[(Vec<u64>, Vec<Vec<Frame>>, i64, i64)], comment: &str) -> Profile {
+/// One stack of a profile: addresses innermost first, the frames at each address, objects gained,
+/// bytes gained.
+pub type Stack = (Vec<u64>, Vec<Vec<Frame>>, i64, i64);
+
+/// Builds the profile of `stacks`, in `binary`.
+pub fn profile(stacks: &[Stack], binary: &str, comment: &str) -> Profile {
     let mut strings: Vec<String> = vec![String::new()];
     let mut string_ids: BTreeMap<String, i64> = BTreeMap::new();
     let mut s = |text: &str| -> i64 {
@@ -97,6 +122,14 @@ pub fn profile(stacks: &[(Vec<u64>, Vec<Vec<Frame>>, i64, i64)], comment: &str) 
     ];
     let period_type = Some(ValueType { r#type: s("space"), unit: s("bytes") });
     let comment = vec![s(comment)];
+    let mapping = vec![Mapping {
+        id: 1,
+        filename: s(binary),
+        has_functions: true,
+        has_filenames: true,
+        has_line_numbers: true,
+        has_inline_frames: true,
+    }];
     let mut functions: BTreeMap<(String, String), u64> = BTreeMap::new();
     let mut function_list = Vec::new();
     let mut locations: BTreeMap<u64, u64> = BTreeMap::new();
@@ -121,7 +154,7 @@ pub fn profile(stacks: &[(Vec<u64>, Vec<Vec<Frame>>, i64, i64)], comment: &str) 
                         Line { function_id: fid, line: f.line.unwrap_or(0) as i64 }
                     })
                     .collect();
-                location_list.push(Location { id, address: *addr, line });
+                location_list.push(Location { id, mapping_id: 1, address: *addr, line });
             }
             ids.push(id);
         }
@@ -130,6 +163,7 @@ pub fn profile(stacks: &[(Vec<u64>, Vec<Vec<Frame>>, i64, i64)], comment: &str) 
     Profile {
         sample_type,
         sample: samples,
+        mapping,
         location: location_list,
         function: function_list,
         string_table: strings,

@@ -101,6 +101,30 @@ impl Symbolizer {
 /// Strips a demangled name's hash and generic arguments for display: `a::b::c<T>::d::h1234` ->
 /// `a::b::c::d`.
 pub fn short_name(name: &str) -> String {
+    // `<Type<T> as Trait<U>>::method` -> `<Type as Trait>::method`: the trait stays, so a trait
+    // method is not mistaken for the type's inherent method of the same name; `<Type<T>>::f` ->
+    // `Type::f`.
+    if let Some(rest) = name.strip_prefix('<') {
+        let mut depth = 1usize;
+        let close = rest.char_indices().find_map(|(i, c)| {
+            match c {
+                '<' => depth += 1,
+                '>' => depth -= 1,
+                _ => {}
+            }
+            (depth == 0).then_some(i)
+        });
+        if let Some(close) = close {
+            let inner = without_generics(&rest[..close]);
+            let head = if inner.contains(" as ") { format!("<{inner}>") } else { inner };
+            return without_hash(head + &without_generics(&rest[close + 1..]));
+        }
+    }
+    without_hash(without_generics(name))
+}
+
+/// `a::B<T>::c` -> `a::B::c`.
+fn without_generics(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     let mut depth = 0usize;
     for ch in name.chars() {
@@ -111,9 +135,14 @@ pub fn short_name(name: &str) -> String {
             _ => {}
         }
     }
-    match out.rsplit_once("::h") {
+    out
+}
+
+/// `a::b::h0123456789abcdef` (a legacy mangled name's hash) -> `a::b`.
+fn without_hash(name: String) -> String {
+    match name.rsplit_once("::h") {
         Some((head, hash)) if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) => head.to_string(),
-        _ => out,
+        _ => name,
     }
 }
 
@@ -128,7 +157,19 @@ mod tests {
             "plateau_engine::output::OutputProcessor::finalize"
         );
         assert_eq!(short_name("alloc::vec::Vec<T,A>::push::h0123456789abcdef"), "alloc::vec::Vec::push");
-        assert_eq!(short_name("<alloc::vec::Vec<u32> as core::iter::FromIterator<u32>>::from_iter"), "::from_iter");
+        assert_eq!(
+            short_name("<alloc::vec::Vec<u32> as core::iter::FromIterator<u32>>::from_iter"),
+            "<alloc::vec::Vec as core::iter::FromIterator>::from_iter"
+        );
+        assert_eq!(
+            short_name("<plateau_engine::engine::Engine as plateau_soak::system::System>::step::h0123456789abcdef"),
+            "<plateau_engine::engine::Engine as plateau_soak::system::System>::step"
+        );
+        assert_eq!(
+            short_name("<plateau_engine::registry::TrackedMap<K, V>>::insert"),
+            "plateau_engine::registry::TrackedMap::insert"
+        );
+        assert_eq!(short_name("<unclosed"), "");
     }
 
     #[test]
@@ -137,7 +178,7 @@ mod tests {
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let exe = std::env::current_exe().unwrap();
         let s = Symbolizer::new(&exe, &maps).unwrap();
-        let addr = frames_of_this_binary as usize as u64 + 1;
+        let addr = frames_of_this_binary as *const () as usize as u64 + 1;
         let frames = s.frames(addr);
         let last = frames.last().unwrap();
         assert!(last.function.contains("frames_of_this_binary"), "{frames:?}");

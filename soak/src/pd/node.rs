@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::region::RegionCache;
 use super::wire::{read_frame, write_frame, WireError};
-use crate::probes::{AnonMapping, ProcessProbes, Settle};
+use crate::mappings::Mapping;
+use crate::probes::{ProcessProbes, Settle};
 
 /// A call from the controller (or, for `ExportKv`, from the decode peer).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,7 +90,7 @@ pub enum Reply {
     Idle(Vec<(String, String)>),
     Residues(Vec<crate::system::Residue>),
     Count(usize),
-    Mappings(Vec<AnonMapping>),
+    Mappings(Vec<Mapping>),
 }
 
 /// A metric as it crosses the wire.
@@ -244,7 +245,7 @@ impl Node {
             }
             Call::Residues => Reply::Residues(e.residues().into_iter().map(crate::system::Residue::from).collect()),
             Call::Held => Reply::Count(e.held_transfers()),
-            Call::Mappings => Reply::Mappings(self.probes.anon_mappings()),
+            Call::Mappings => Reply::Mappings(self.probes.mappings()),
             Call::Sleep { level } => match e.sleep(level) {
                 Ok(()) => Reply::Done,
                 Err(err) => Reply::Failed(err.to_string()),

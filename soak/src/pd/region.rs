@@ -19,6 +19,8 @@ pub const MAPPING_NAME: &str = "plateau-kv-transfer";
 
 const PAGE: usize = 4096;
 
+/// A mapping of ours, recorded in [`crate::mappings`] with the line that mapped it while it is
+/// mapped, so that a snapshot of the process's memory map can say which lines made what grew.
 struct Mapping {
     ptr: *mut u8,
     len: usize,
@@ -28,6 +30,7 @@ struct Mapping {
 unsafe impl Send for Mapping {}
 
 impl Mapping {
+    #[track_caller]
     fn map(len: usize) -> Result<Mapping, String> {
         // SAFETY: anonymous private mapping of a page-rounded, non-zero length.
         let p = unsafe {
@@ -45,6 +48,7 @@ impl Mapping {
         }
         let m = Mapping { ptr: p.cast(), len };
         m.name();
+        crate::mappings::record(p as u64, len as u64, std::panic::Location::caller());
         Ok(m)
     }
 
@@ -65,15 +69,18 @@ impl Mapping {
         }
     }
 
+    #[track_caller]
     fn remap(&mut self, len: usize) -> Result<(), String> {
         // SAFETY: resizing our own mapping; MREMAP_MAYMOVE lets the kernel move it.
         let p = unsafe { libc::mremap(self.ptr.cast(), self.len, len, libc::MREMAP_MAYMOVE) };
         if p == libc::MAP_FAILED {
             return Err(format!("mremap to {len} bytes failed: {}", std::io::Error::last_os_error()));
         }
+        crate::mappings::forget(self.ptr as u64);
         self.ptr = p.cast();
         self.len = len;
         self.name();
+        crate::mappings::record(p as u64, len as u64, std::panic::Location::caller());
         Ok(())
     }
 
@@ -89,6 +96,7 @@ impl Drop for Mapping {
         unsafe {
             libc::munmap(self.ptr.cast(), self.len);
         }
+        crate::mappings::forget(self.ptr as u64);
     }
 }
 

@@ -18,7 +18,8 @@ use plateau_reports::MetricSpec;
 use super::node::{Call, Reply, WireMetric};
 use super::router::{Route, Router};
 use super::wire::{read_frame, write_frame};
-use crate::probes::{AnonMapping, ProcessProbes, Settle};
+use crate::mappings::Mapping;
+use crate::probes::{ProcessProbes, Settle};
 use crate::system::System;
 
 struct Client {
@@ -314,7 +315,7 @@ impl System for RemotePair {
         "cpu"
     }
 
-    fn anon_mappings(&self) -> Option<Vec<AnonMapping>> {
+    fn mappings(&self) -> Option<Vec<Mapping>> {
         match self.decode.borrow_mut().call(&Call::Mappings) {
             Ok(Reply::Mappings(m)) => Some(m),
             _ => None,
