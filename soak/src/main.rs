@@ -142,7 +142,11 @@ enum Cmd {
     },
     /// Tell the story of a run: what grew, how fast, since when, where (allocation sites, the
     /// mapping, registry insertion sites), and how to replay it.
-    Explain { run_dir: PathBuf },
+    Explain {
+        /// A directory written by `plateau run` (verdict.json and samples.jsonl; growth.json,
+        /// residues.json and mappings.json where the run wrote them).
+        run_dir: PathBuf,
+    },
     /// Redraw a run's verdict and plots from its samples, optionally against a baseline run.
     Report {
         run_dir: PathBuf,
@@ -346,8 +350,9 @@ fn parse_window(s: &str) -> Result<(u64, u64), String> {
     Ok((a, b))
 }
 
-/// Iterations a profiled replay profiles after warm-up at most: enough for a per-iteration figure
-/// at the byte, while sampling every allocation costs the replay several times a plain run.
+/// Iterations a profiled replay profiles after warm-up, unless the growth became conclusive later
+/// (then up to that iteration, so a late onset is inside the window): enough for a per-iteration
+/// figure at the byte, while sampling every allocation costs the replay several times a plain run.
 const REPLAY_ITERATIONS: u64 = 40;
 
 /// After a run whose heap failed (or with --profile), the profiled replay that names where it
@@ -364,7 +369,7 @@ fn heap_sites(r: &mut driver::RunResult, s: &Scenario, opts: &RunOptions, profil
         return None;
     }
     let start = r.verdict.warmup_iterations.max(1);
-    let end = r.iterations.min(start + REPLAY_ITERATIONS);
+    let end = r.iterations.min((start + REPLAY_ITERATIONS).max(heap.first_iter.unwrap_or(0)));
     if end <= start {
         eprintln!("plateau: no profiled replay: the run ended within its warm-up");
         return None;
