@@ -1,8 +1,10 @@
 //! Engine benchmarks on the `tiny` preset: decode steps at batch 1, 8 and 32, and one whole
-//! iteration of 20 requests with n=2 and 10 new tokens each (the multimodal-repeat shape, text only).
+//! iteration of 20 requests with n=2 and 10 new tokens each (the multimodal-repeat shape, text only),
+//! the vision path, and a tracked registry's bookkeeping against a bare map.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use plateau_engine::{Engine, EngineConfig, Request, SamplingParams};
+use plateau_engine::registry::Registries;
+use plateau_engine::{Engine, EngineConfig, MetricKind, Request, SamplingParams};
 
 fn request(id: u64, n: u32, max_tokens: u32) -> Request {
     let prompt = plateau_engine::tokenizer::encode(&format!("Question No.{id:08} Conclude this image in 10 words."));
@@ -85,5 +87,36 @@ fn vision(c: &mut Criterion) {
     c.bench_function("vision_encode/364x280", |b| b.iter(|| backend.encode_image(&px).unwrap()));
 }
 
-criterion_group!(benches, decode_steps, iteration, vision);
+/// The bookkeeping of a tracked registry (length and insertion sites) against a bare `BTreeMap`:
+/// 64 entries inserted, then removed. Multiplied by the insertions of an iteration, the difference
+/// is what insertion-site tracking costs a run.
+fn registry(c: &mut Criterion) {
+    let mut g = c.benchmark_group("registry_64_insert_remove");
+    g.bench_function("btreemap", |b| {
+        let mut m = std::collections::BTreeMap::new();
+        b.iter(|| {
+            for k in 0..64u64 {
+                m.insert(k, k);
+            }
+            for k in 0..64u64 {
+                m.remove(&k);
+            }
+        });
+    });
+    g.bench_function("tracked_map", |b| {
+        let mut book = Registries::new();
+        let mut m = book.map::<u64, u64>("registry.bench", MetricKind::PerRequest);
+        b.iter(|| {
+            for k in 0..64u64 {
+                m.insert(k, k);
+            }
+            for k in 0..64u64 {
+                m.remove(&k);
+            }
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, decode_steps, iteration, vision, registry);
 criterion_main!(benches);

@@ -61,31 +61,52 @@ struct Origin {
 }
 
 /// What the book knows of one structure: its length, and its live entries by insertion site and
-/// epoch (site -> epoch -> count).
+/// epoch.
 #[derive(Debug, Default)]
 struct Shared {
     len: AtomicU64,
-    sites: Mutex<BTreeMap<&'static Location<'static>, BTreeMap<u64, u64>>>,
+    sites: Mutex<Vec<SiteCounts>>,
+}
+
+/// The live entries one call site inserted, by epoch: `(epoch, count)` in ascending epoch order,
+/// no count zero. A structure has one to three inserting sites, so a list found by address beats
+/// a map; epochs only grow, so an insertion is at the back, and the buffers keep their capacity
+/// from iteration to iteration (bookkeeping allocates nothing in a steady state).
+#[derive(Debug)]
+struct SiteCounts {
+    site: &'static Location<'static>,
+    epochs: VecDeque<(u64, u64)>,
 }
 
 impl Shared {
     fn added(&self, o: Origin) {
-        if let Ok(mut s) = self.sites.lock() {
-            *s.entry(o.site).or_default().entry(o.epoch).or_default() += 1;
+        let Ok(mut s) = self.sites.lock() else { return };
+        let i = match s.iter().position(|c| std::ptr::eq(c.site, o.site)) {
+            Some(i) => i,
+            None => {
+                s.push(SiteCounts { site: o.site, epochs: VecDeque::new() });
+                s.len() - 1
+            }
+        };
+        let epochs = &mut s[i].epochs;
+        match epochs.back_mut() {
+            Some((e, n)) if *e == o.epoch => *n += 1,
+            // The epoch is set from outside and could in principle go back: keep the order.
+            _ => match epochs.binary_search_by_key(&o.epoch, |x| x.0) {
+                Ok(j) => epochs[j].1 += 1,
+                Err(j) => epochs.insert(j, (o.epoch, 1)),
+            },
         }
     }
 
     fn removed(&self, o: Origin) {
         let Ok(mut s) = self.sites.lock() else { return };
-        let Some(epochs) = s.get_mut(o.site) else { return };
-        if let Some(n) = epochs.get_mut(&o.epoch) {
-            *n -= 1;
-            if *n == 0 {
-                epochs.remove(&o.epoch);
+        let Some(c) = s.iter_mut().find(|c| std::ptr::eq(c.site, o.site)) else { return };
+        if let Ok(j) = c.epochs.binary_search_by_key(&o.epoch, |x| x.0) {
+            c.epochs[j].1 -= 1;
+            if c.epochs[j].1 == 0 {
+                c.epochs.remove(j);
             }
-        }
-        if epochs.is_empty() {
-            s.remove(o.site);
         }
     }
 }
@@ -161,15 +182,19 @@ impl Registries {
         let mut out = Vec::new();
         for e in &self.entries {
             let Ok(sites) = e.shared.sites.lock() else { continue };
-            for (site, epochs) in sites.iter() {
-                out.push(Residue {
+            let mut found: Vec<Residue> = sites
+                .iter()
+                .filter(|c| !c.epochs.is_empty())
+                .map(|c| Residue {
                     registry: e.name.to_string(),
-                    file: site.file(),
-                    line: site.line(),
-                    count: epochs.values().sum(),
-                    oldest_epoch: epochs.keys().next().copied().unwrap_or(0),
-                });
-            }
+                    file: c.site.file(),
+                    line: c.site.line(),
+                    count: c.epochs.iter().map(|x| x.1).sum(),
+                    oldest_epoch: c.epochs.front().map_or(0, |x| x.0),
+                })
+                .collect();
+            found.sort_by(|a, b| (a.file, a.line).cmp(&(b.file, b.line)));
+            out.extend(found);
         }
         out
     }
