@@ -70,6 +70,22 @@ pub fn judge_file(samples: &Path, o: &JudgeOptions) -> Result<(Samples, Verdict)
 fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
     let fmt = |b: f64| crate::detector::gauge::fmt_value(b, "bytes");
     let Some(m) = v.metrics.iter_mut().find(|m| m.name == g.metric) else { return };
+    let at = |s: &Site| format!("{} ({}:{})", s.function.as_deref().unwrap_or("?"), s.file, s.line);
+    if m.status != Status::Fail {
+        // `--profile` on a heap that did not fail: what the replay saw, blaming nothing.
+        let top = g.sites.first().map_or_else(
+            || "no allocation site above 1% of it".to_string(),
+            |s| format!("most at {} ({}/iteration; growth.txt)", at(s), fmt(s.bytes_per_iter.unwrap_or(0.0))),
+        );
+        v.attribution.push(format!(
+            "profile: {} did not fail; the profiled replay (iterations {}..{}) gained {}/iteration, {top}",
+            g.metric,
+            g.start_iter,
+            g.end_iter,
+            fmt(g.replay_bytes_per_iter)
+        ));
+        return;
+    }
     if !g.reproduced {
         v.attribution.push(format!(
             "replay: the profiled replay (iterations {}..{}) grew {}/iteration against the run's {}/iteration: it did not reproduce the growth, so no allocation site is named (the run depended on something outside its seed?)",
@@ -81,7 +97,6 @@ fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
         return;
     }
     let Some(top) = g.sites.first() else { return };
-    let at = |s: &Site| format!("{} ({}:{})", s.function.as_deref().unwrap_or("?"), s.file, s.line);
     m.sites = g.sites.clone();
     m.reason.push_str(&format!("; grown at {}", at(top)));
     v.attribution.push(format!(
@@ -93,9 +108,7 @@ fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
         g.start_iter,
         g.end_iter
     ));
-    if m.status == Status::Fail {
-        v.summary.push_str(&format!("; top site: {}", at(top)));
-    }
+    v.summary.push_str(&format!("; top site: {}", at(top)));
 }
 
 /// Says, for a failing heap of a node process (`--pd-processes`), why no allocation site is named:

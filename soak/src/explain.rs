@@ -105,7 +105,7 @@ pub fn explain(dir: &Path) -> Result<String, String> {
     let notes: Vec<&String> = v
         .attribution
         .iter()
-        .filter(|a| a.starts_with("mapping:") || a.starts_with("replay:") || a.starts_with("outside"))
+        .filter(|a| ["mapping:", "replay:", "profile:", "outside"].iter().any(|p| a.starts_with(p)))
         .collect();
     if !notes.is_empty() {
         out.push('\n');

@@ -152,6 +152,22 @@ fn a_replay_that_cannot_run_exits_3_and_the_verdict_stays() {
 }
 
 #[test]
+fn profile_on_a_clean_run_lists_the_growth_and_blames_nothing() {
+    let d = tmp("profile-clean");
+    let args = ["run", "n-sampling", "--iterations", "100", "--profile", "--quiet", "--out"];
+    let o = plateau(&[&args[..], &[d.to_str().unwrap()]].concat());
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(d.join("growth.txt").is_file() && d.join("growth.pb.gz").is_file());
+    let v = verdict(&d);
+    assert_eq!(metric(&v, "jemalloc.allocated")["status"], "pass");
+    assert!(metric(&v, "jemalloc.allocated").get("sites").is_none(), "{v}");
+    assert!(!v["summary"].as_str().unwrap().contains("top site"), "{v}");
+    let attribution = v["attribution"].to_string();
+    assert!(attribution.contains("profile: jemalloc.allocated did not fail"), "{attribution}");
+    assert!(!attribution.contains("did not reproduce"), "{attribution}");
+}
+
+#[test]
 fn explain_needs_a_run_directory() {
     let d = tmp("explain-empty");
     let o = plateau(&["explain", d.to_str().unwrap()]);

@@ -96,7 +96,8 @@ impl ReplaySpec<'_> {
             run_bytes_per_iter: self.run_bytes_per_iter,
             reproduced,
             command,
-            sites: if reproduced { g.verdict_sites(self.requests_per_iter, 5) } else { Vec::new() },
+            // Listed either way; the verdict blames them only if the replay reproduced a failure.
+            sites: g.verdict_sites(self.requests_per_iter, 5),
         };
         let json = serde_json::to_vec_pretty(&record).map_err(|e| e.to_string())?;
         crate::analysis::write_atomic(&self.run_dir.join("growth.json"), &json)
