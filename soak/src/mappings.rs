@@ -241,13 +241,16 @@ pub fn name_grown(snap: &Snapshots, v: &mut Verdict) {
         format!("{}:{}{f}", s.file, s.line)
     };
     let mut line = format!(
-        "mapping: the {name} grew by {:.1} MiB between iterations {} and {} ({}/iteration; {} ranges grew, {:.1} MiB in all)",
+        "mapping: the {name} grew by {:.1} MiB between iterations {} and {} ({}/iteration{})",
         g.grown_bytes as f64 / MIB,
         snap.start_iter,
         snap.end_iter,
         fmt(g.grown_bytes as f64 / iters),
-        grown.len(),
-        total as f64 / MIB
+        if grown.len() > 1 {
+            format!("; {} mappings grew, {:.1} MiB in all", grown.len(), total as f64 / MIB)
+        } else {
+            String::new()
+        }
     );
     let said: Vec<String> = sites
         .iter()
