@@ -4,24 +4,37 @@
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::cell::Cell;
 
 use common::*;
 use plateau_engine::{Engine, Injection};
 
-/// Live heap bytes of this test binary: the system allocator, counted.
+/// The system allocator, counted per thread: the tests of this binary run on parallel threads,
+/// and a measurement must see only its own thread's allocations.
 struct Counting;
 
-static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
+thread_local! {
+    /// Bytes this thread allocated minus bytes it freed.
+    static LIVE_BYTES: Cell<i64> = const { Cell::new(0) };
+}
+
+fn count(delta: i64) {
+    // A thread being torn down has no counter left; its allocations are not measured.
+    let _ = LIVE_BYTES.try_with(|c| c.set(c.get() + delta));
+}
+
+fn live_bytes() -> i64 {
+    LIVE_BYTES.with(Cell::get)
+}
 
 // SAFETY: every call forwards to the system allocator unchanged; only the count is added.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE_BYTES.fetch_add(l.size() as i64, Ordering::Relaxed);
+        count(l.size() as i64);
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE_BYTES.fetch_sub(l.size() as i64, Ordering::Relaxed);
+        count(-(l.size() as i64));
         unsafe { System.dealloc(p, l) }
     }
 }
@@ -109,9 +122,9 @@ fn untracked_heap_passes_idle_but_grows_the_heap_by_each_output() {
             drain(e, 1000);
         };
         batch(&mut e, 0);
-        let before = LIVE_BYTES.load(Ordering::Relaxed);
+        let before = live_bytes();
         batch(&mut e, 100);
-        LIVE_BYTES.load(Ordering::Relaxed) - before
+        live_bytes() - before
     };
     let clean = growth(None);
     let leaked = growth(Some(Injection::UntrackedHeap));
