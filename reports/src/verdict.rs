@@ -62,7 +62,7 @@ pub struct Trend {
 
 /// A place in the source behind a failure: where a registry's leftover entries were inserted, or
 /// an allocation site whose live bytes grew.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Site {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<String>,
@@ -80,6 +80,14 @@ pub struct Site {
     pub bytes_per_request: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objects_per_iter: Option<f64>,
+}
+
+impl Site {
+    /// `file:line (function)`, or `file:line` when the function is not known.
+    pub fn place(&self) -> String {
+        let f = self.function.as_deref().map(|f| format!(" ({f})")).unwrap_or_default();
+        format!("{}:{}{f}", self.file, self.line)
+    }
 }
 
 /// What a failing gauge's growth costs if it goes on.

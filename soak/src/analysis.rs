@@ -145,20 +145,16 @@ fn name_insertion_sites(residues: &[Residue], v: &mut Verdict) {
                 line: r.line,
                 count: Some(r.count),
                 oldest_iter: Some(r.oldest_iter),
-                bytes_per_iter: None,
-                bytes_per_request: None,
-                objects_per_iter: None,
+                ..Site::default()
             })
             .collect();
         let said: Vec<String> = sites
             .iter()
             .map(|s| {
-                let f = s.function.as_deref().map(|f| format!(" ({f})")).unwrap_or_default();
                 format!(
-                    "{} entries inserted at {}:{}{f}, oldest from iteration {}",
+                    "{} entries inserted at {}, oldest from iteration {}",
                     s.count.unwrap_or(0),
-                    s.file,
-                    s.line,
+                    s.place(),
                     s.oldest_iter.unwrap_or(0)
                 )
             })

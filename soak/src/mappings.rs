@@ -229,17 +229,11 @@ pub fn name_grown(snap: &Snapshots, v: &mut Verdict) {
             function: crate::analysis::source_function(&a.file, a.line),
             file: a.file.clone(),
             line: a.line,
-            count: None,
-            oldest_iter: None,
             bytes_per_iter: Some(a.bytes as f64 / iters),
             bytes_per_request: v.requests_per_iter.filter(|r| *r > 0.0).map(|r| a.bytes as f64 / iters / r),
-            objects_per_iter: None,
+            ..Site::default()
         })
         .collect();
-    let mapped_by = |s: &Site| {
-        let f = s.function.as_deref().map(|f| format!(" ({f})")).unwrap_or_default();
-        format!("{}:{}{f}", s.file, s.line)
-    };
     let mut line = format!(
         "mapping: the {name} grew by {:.1} MiB between iterations {} and {} ({}/iteration{})",
         g.grown_bytes as f64 / MIB,
@@ -254,7 +248,7 @@ pub fn name_grown(snap: &Snapshots, v: &mut Verdict) {
     );
     let said: Vec<String> = sites
         .iter()
-        .map(|s| format!("{}/iteration mapped at {}", fmt(s.bytes_per_iter.unwrap_or(0.0)), mapped_by(s)))
+        .map(|s| format!("{}/iteration mapped at {}", fmt(s.bytes_per_iter.unwrap_or(0.0)), s.place()))
         .collect();
     if said.is_empty() {
         line.push_str("; none of it mapped by plateau's own code (a library's mapping: see mappings.json)");
@@ -265,7 +259,7 @@ pub fn name_grown(snap: &Snapshots, v: &mut Verdict) {
         if let Some(l) = m.location.as_mut().filter(|l| outside(l)) {
             l.push_str(&format!("; growing mapping: {name}"));
             if let Some(top) = sites.first() {
-                l.push_str(&format!(", mapped at {}", mapped_by(top)));
+                l.push_str(&format!(", mapped at {}", top.place()));
             }
             m.sites = sites.clone();
         }

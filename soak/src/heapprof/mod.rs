@@ -99,11 +99,10 @@ impl Growth {
                 function: Some(short_name(&f.function)),
                 file: f.file.clone().unwrap_or_default(),
                 line: f.line.unwrap_or(0),
-                count: None,
-                oldest_iter: None,
                 bytes_per_iter: Some(bytes as f64 / n),
                 bytes_per_request: requests_per_iter.map(|r| bytes as f64 / n / r),
                 objects_per_iter: Some(objects as f64 / n),
+                ..Site::default()
             })
             .collect()
     }
