@@ -29,7 +29,7 @@ use crate::workload::{rng_for, Workload};
 /// Engine steps one phase may take before the run is declared stuck.
 const MAX_STEPS_PER_PHASE: u64 = 1_000_000;
 /// Iterations a duration-bound run may take at most.
-const MAX_ITERATIONS: u64 = 100_000_000;
+pub const MAX_ITERATIONS: u64 = 100_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Progress {
@@ -99,6 +99,8 @@ pub struct AbortCounts {
     /// Targets that ended before reaching the stage they were to be aborted at.
     pub missed: u64,
     pub invalid_refused: u64,
+    /// Invalid requests an external target answered 2xx (it took what it should have refused).
+    pub invalid_accepted: u64,
 }
 
 /// Builds the engine a scenario describes.
@@ -362,8 +364,9 @@ impl Driver<'_> {
     }
 }
 
-/// Runs a soak and judges it. The samples are complete on disk before the verdict is drawn.
-pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError> {
+/// How long a run goes: its iteration limit ([`MAX_ITERATIONS`] for a run bound by duration
+/// alone) and its duration, from the options and the scenario.
+pub fn run_length(scenario: &Scenario, opts: &RunOptions) -> Result<(u64, Option<Duration>), RunError> {
     let iterations = opts.iterations.unwrap_or(scenario.soak.iterations);
     if iterations == 0 {
         return Err(RunError::Input("--iterations must be at least 1".into()));
@@ -375,6 +378,12 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         None => None,
     };
     let limit = if duration.is_some() && opts.iterations.is_none() { MAX_ITERATIONS } else { iterations };
+    Ok((limit, duration))
+}
+
+/// Runs a soak and judges it. The samples are complete on disk before the verdict is drawn.
+pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError> {
+    let (limit, duration) = run_length(scenario, opts)?;
     let seed = opts.seed.unwrap_or(scenario.soak.seed);
     let backend = opts.backend.clone().unwrap_or_else(|| scenario.engine.backend.clone());
     let mut scenario_owned;
@@ -539,7 +548,7 @@ const RUN_OUTPUTS: [&str; 9] = [
 ];
 
 /// Removes what an earlier run left in `dir` (the samples file is truncated by its creation).
-fn clear_earlier_run(dir: &Path) {
+pub(crate) fn clear_earlier_run(dir: &Path) {
     for name in RUN_OUTPUTS {
         let _ = std::fs::remove_file(dir.join(name));
     }
@@ -562,7 +571,7 @@ pub fn rejudge(scenario: &Scenario, opts: &RunOptions, interrupted: bool) -> Res
     Ok(verdict)
 }
 
-fn write_json(path: &Path, v: &impl serde::Serialize) -> Result<(), RunError> {
+pub(crate) fn write_json(path: &Path, v: &impl serde::Serialize) -> Result<(), RunError> {
     let text = serde_json::to_string_pretty(v).map_err(|e| RunError::Harness(e.to_string()))?;
     std::fs::write(path, text).map_err(|e| RunError::Harness(format!("{}: {e}", path.display())))
 }

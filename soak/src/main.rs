@@ -47,6 +47,39 @@ struct Cli {
     command: Cmd,
 }
 
+/// Soak a server plateau did not start in-process: see README, "Soak your own server".
+#[derive(clap::Args)]
+struct ExternalArgs {
+    /// Send the scenario's requests to this OpenAI-compatible server (http://HOST:PORT) instead of
+    /// plateau's own engine; its /metrics is scraped and its processes probed (--pid, --spawn).
+    #[arg(long, value_name = "URL", help_heading = "External target")]
+    target: Option<String>,
+    /// The server's process id: it and its descendants are probed (memory, mappings, fds,
+    /// threads, GPU memory).
+    #[arg(long, requires = "target", conflicts_with = "spawn", help_heading = "External target")]
+    pid: Option<i32>,
+    /// Start the server with this shell command, wait until it answers, stop it at the end (and
+    /// on Ctrl-C); its output goes to target.log in the run directory.
+    #[arg(long, value_name = "CMD", requires = "target", help_heading = "External target")]
+    spawn: Option<String>,
+    /// A TOML file mapping the server's Prometheus metrics to kinds (added to the built-in
+    /// rules for vLLM, SGLang, llama.cpp and plateau serve).
+    #[arg(long, value_name = "FILE", requires = "target", help_heading = "External target")]
+    metrics_map: Option<PathBuf>,
+    /// Requests in flight at most.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096), help_heading = "External target")]
+    concurrency: u64,
+    /// Seconds a spawned server may take to answer.
+    #[arg(long, default_value_t = 600, help_heading = "External target")]
+    ready_timeout_s: u64,
+    /// Milliseconds to wait, after the last request, for the server's in-flight gauges to read zero.
+    #[arg(long, default_value_t = 10_000, help_heading = "External target")]
+    settle_timeout_ms: u64,
+    /// Seconds one request may take.
+    #[arg(long, default_value_t = 300, help_heading = "External target")]
+    request_timeout_s: u64,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a soak: SCENARIO is a .toml file or the name of a shipped scenario (see `plateau list`).
@@ -95,6 +128,35 @@ enum Cmd {
         /// heap profiler at quiescent point START and dump the live heap there and at END.
         #[arg(long, hide = true, value_name = "START:END", value_parser = parse_window)]
         profile_window: Option<(u64, u64)>,
+        #[command(flatten)]
+        external: ExternalArgs,
+    },
+    /// Serve plateau's engine over an OpenAI-compatible HTTP API (/v1/completions,
+    /// /v1/chat/completions with images, n, streaming; /v1/models, /health, /metrics), so that
+    /// `run --target` can be tested against a server whose leaks are known.
+    Serve {
+        /// The scenario whose [engine] section configures the engine (a .toml file or a shipped
+        /// name; default n-sampling: the tiny preset on the cpu backend).
+        #[arg(default_value = "n-sampling")]
+        scenario: String,
+        /// A model preset instead of the scenario's (see `plateau list`).
+        #[arg(long)]
+        preset: Option<String>,
+        /// Port to listen on (0 picks a free one; the address is printed).
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// cpu, cuda or auto (default: the scenario's).
+        #[arg(long)]
+        backend: Option<String>,
+        /// Engine seed (requests without a seed draw from it).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Switch on a leak injection in the served engine (repeatable; see `plateau list`).
+        #[arg(long = "inject", value_name = "NAME")]
+        inject: Vec<Injection>,
     },
     /// Serve one engine of a prefill/decode pair over TCP (started by `run --pd-processes`).
     Node {
@@ -185,6 +247,7 @@ fn dispatch(cli: Cli) -> u8 {
             tolerance,
             profile,
             profile_window,
+            external,
         } => {
             if profile && !plateau_soak::heapprof::control::compiled_in() {
                 eprintln!(
@@ -220,10 +283,38 @@ fn dispatch(cli: Cli) -> u8 {
                 tolerance,
                 profile_window,
             };
-            match driver::run(&s, &opts) {
+            let result = match &external.target {
+                Some(url) => {
+                    if profile || pd_processes {
+                        eprintln!("plateau: --target: --profile and --pd-processes apply to plateau's own engine only");
+                        return USAGE;
+                    }
+                    let ext = plateau_soak::external::ExternalOptions {
+                        url: url.clone(),
+                        pid: external.pid,
+                        spawn: external.spawn.clone(),
+                        metrics_map: external.metrics_map.clone(),
+                        concurrency: external.concurrency as usize,
+                        ready_timeout: std::time::Duration::from_secs(external.ready_timeout_s),
+                        settle_timeout: std::time::Duration::from_millis(external.settle_timeout_ms),
+                        request_timeout: std::time::Duration::from_secs(external.request_timeout_s),
+                    };
+                    plateau_soak::external::run(&s, &opts, &ext)
+                }
+                None => driver::run(&s, &opts),
+            };
+            match result {
                 Ok(mut r) => {
-                    if let Some(code) = heap_sites(&mut r, &s, &opts, profile) {
-                        return code;
+                    if external.target.is_none() {
+                        if let Some(code) = heap_sites(&mut r, &s, &opts, profile) {
+                            return code;
+                        }
+                    }
+                    if r.aborts.invalid_accepted > 0 {
+                        eprintln!(
+                            "plateau: the target answered 2xx to {} invalid requests it should have refused",
+                            r.aborts.invalid_accepted
+                        );
                     }
                     eprint!("{}", describe(&r.verdict));
                     eprintln!(
@@ -252,14 +343,7 @@ fn dispatch(cli: Cli) -> u8 {
                         verdict_code(&r.verdict)
                     }
                 }
-                Err(RunError::Input(m)) => {
-                    eprintln!("plateau: {m}");
-                    USAGE
-                }
-                Err(RunError::Harness(m)) => {
-                    eprintln!("plateau: {m}");
-                    HARNESS
-                }
+                Err(e) => run_error_code(e),
             }
         }
         Cmd::Analyze { samples, out, warmup, tolerance } => {
@@ -327,6 +411,32 @@ fn dispatch(cli: Cli) -> u8 {
             }
         }
         Cmd::Report { run_dir, baseline } => report(&run_dir, baseline.as_deref()),
+        Cmd::Serve { scenario, preset, port, host, backend, seed, inject } => {
+            let (mut s, _) = match Scenario::load(&scenario) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("plateau: {e}");
+                    return USAGE;
+                }
+            };
+            if let Some(p) = preset {
+                if let Err(e) = plateau_engine::ModelConfig::preset(&p) {
+                    eprintln!("plateau: --preset: {e}");
+                    return USAGE;
+                }
+                s.engine.preset = p;
+            }
+            let opts = plateau_soak::serve::ServeOptions {
+                backend,
+                seed,
+                injections: inject.into_iter().collect(),
+                listen: format!("{host}:{port}"),
+            };
+            match plateau_soak::serve::serve(&s, &opts) {
+                Ok(()) => PASS,
+                Err(e) => run_error_code(e),
+            }
+        }
         Cmd::Explain { run_dir } => match plateau_soak::explain::explain(&run_dir) {
             Ok(story) => {
                 print!("{story}");
@@ -337,6 +447,15 @@ fn dispatch(cli: Cli) -> u8 {
                 USAGE
             }
         },
+    }
+}
+
+/// Prints why a run could not produce a verdict; its exit code: bad input 2, the harness 3.
+fn run_error_code(e: RunError) -> u8 {
+    eprintln!("plateau: {e}");
+    match e {
+        RunError::Input(_) => USAGE,
+        RunError::Harness(_) => HARNESS,
     }
 }
 

@@ -39,6 +39,19 @@ impl Engine {
             .max()
     }
 
+    /// The tokens each live sequence of request `id` has generated so far, by sequence index: what
+    /// a streaming server sends as they come (a sequence that ended is in the request's output
+    /// instead). Empty when the request is not in flight.
+    pub fn generated(&self, id: RequestId) -> Vec<(u32, &[u32])> {
+        let Some(req) = self.store.requests.get(&id) else { return Vec::new() };
+        req.seqs
+            .iter()
+            .filter_map(|sid| self.store.seqs.get(sid))
+            .filter(|s| s.finished.is_none())
+            .map(|s| (s.index, &s.tokens[s.num_prompt.min(s.tokens.len())..]))
+            .collect()
+    }
+
     /// Sleep level 1 releases the KV pool; level 2 releases the weights too. Only with nothing in
     /// flight. While asleep, `add_request` is refused and `step` computes nothing.
     pub fn sleep(&mut self, level: u8) -> Result<()> {

@@ -1,0 +1,166 @@
+//! The engine thread behind `plateau serve`: the only place the engine lives.
+//!
+//! Lifecycle: HTTP handlers send [`Command`]s through one bounded channel. The thread blocks on the
+//! channel while the engine is idle; while requests are in flight it drains what has arrived, aborts
+//! every request whose client has gone (its event receiver dropped: the stream was closed), steps
+//! the engine once, and sends each request the tokens its sequences generated since the last step,
+//! then its output when it ends. When the last request ends, the thread flushes its allocator cache
+//! and gives unused pages back to the kernel, so that the server's memory at rest is its live
+//! memory. The engine core stays what it is everywhere else: one thread, no clock of its own (this
+//! thread's clock is passed to it), every draw from seeded RNGs.
+
+use std::collections::BTreeMap;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
+
+use plateau_engine::{Engine, Metric, Request, RequestOutput};
+use tokio::sync::{mpsc, oneshot};
+
+/// Commands the engine thread takes from the first one waiting, this many per step at most: a
+/// bounded share of a step's work, so a burst of requests cannot starve those in flight.
+const COMMANDS_PER_STEP: usize = 256;
+
+/// How long the idle thread waits on its channel before looking again (it exits when every
+/// sender is gone).
+const IDLE_POLL: Duration = Duration::from_millis(200);
+
+/// What a handler asks of the engine thread.
+pub enum Command {
+    /// A request (its id is assigned by the thread); its events go to `events`.
+    Submit { request: Request, events: mpsc::Sender<Event> },
+    /// The engine's registries and counters, for /metrics.
+    Stats { reply: oneshot::Sender<Snapshot> },
+}
+
+/// What a request's handler hears back, in order: tokens as they come, then exactly one of
+/// `Finished` or `Refused`.
+#[derive(Debug)]
+pub enum Event {
+    Tokens { index: u32, tokens: Vec<u32> },
+    Finished(RequestOutput),
+    /// The engine would not take the request (why).
+    Refused(String),
+}
+
+pub struct Snapshot {
+    pub stats: Vec<Metric>,
+    /// Requests in flight.
+    pub in_flight: u64,
+    /// Failed idle self-checks (name, detail), taken only when nothing is in flight.
+    pub idle_violations: Vec<(String, String)>,
+}
+
+/// One request in flight: where its events go and how many tokens each sequence has been sent.
+struct Live {
+    events: mpsc::Sender<Event>,
+    sent: BTreeMap<u32, usize>,
+}
+
+/// Runs the engine until every command sender is gone. Returns the engine's error, if it failed.
+pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String> {
+    let start = Instant::now();
+    let mut live: BTreeMap<u64, Live> = BTreeMap::new();
+    let mut next_id: u64 = 0;
+    loop {
+        let idle = live.is_empty() && !engine.has_unfinished();
+        for k in 0..COMMANDS_PER_STEP {
+            let cmd = if idle && k == 0 {
+                match commands.recv_timeout(IDLE_POLL) {
+                    Ok(c) => c,
+                    Err(RecvTimeoutError::Timeout) => break,
+                    Err(RecvTimeoutError::Disconnected) => return Ok(()),
+                }
+            } else {
+                match commands.try_recv() {
+                    Ok(c) => c,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) if live.is_empty() => return Ok(()),
+                    Err(TryRecvError::Disconnected) => break,
+                }
+            };
+            match cmd {
+                Command::Submit { mut request, events } => {
+                    request.id = next_id;
+                    next_id += 1;
+                    match engine.add_request(request) {
+                        Ok(()) => {
+                            live.insert(next_id - 1, Live { events, sent: BTreeMap::new() });
+                        }
+                        Err(e) => {
+                            let _ = events.try_send(Event::Refused(e.to_string()));
+                        }
+                    }
+                }
+                Command::Stats { reply } => {
+                    let idle_now = live.is_empty() && !engine.has_unfinished();
+                    let idle_violations = match idle_now.then(|| engine.check_idle()) {
+                        Some(Err(v)) => v.into_iter().map(|x| (x.metric, x.detail)).collect(),
+                        _ => Vec::new(),
+                    };
+                    let _ = reply.send(Snapshot { stats: engine.stats(), in_flight: live.len() as u64, idle_violations });
+                }
+            }
+        }
+        // A client that went away (closed its stream) aborts its request, as vLLM does.
+        for (&id, l) in &live {
+            if l.events.is_closed() {
+                engine.abort(id);
+            }
+        }
+        if !engine.has_unfinished() {
+            if idle {
+                continue;
+            }
+            // Outputs of requests aborted just now come out of the next step.
+            if live.is_empty() {
+                release_pages();
+                continue;
+            }
+        }
+        engine.advance_time(start.elapsed().as_millis() as u64);
+        let outputs = engine.step().map_err(|e| format!("engine step: {e}"))?;
+        for (&id, l) in live.iter_mut() {
+            for (index, tokens) in engine.generated(id) {
+                send_new(l, index, tokens);
+            }
+        }
+        for out in outputs {
+            let Some(mut l) = live.remove(&out.id) else { continue };
+            for s in &out.seqs {
+                send_new(&mut l, s.index, &s.tokens);
+            }
+            let _ = l.events.try_send(Event::Finished(out));
+        }
+        if !engine.has_unfinished() {
+            // Every request ends with one output; one still waiting here would wait forever.
+            for (_, l) in std::mem::take(&mut live) {
+                let _ = l.events.try_send(Event::Refused("the engine ended the request without an output".into()));
+            }
+            release_pages();
+        }
+    }
+}
+
+/// Sends a sequence's tokens past those already sent. A full or closed channel drops them: the
+/// channel holds every token a request can make, so only a client that left is ever skipped.
+fn send_new(l: &mut Live, index: u32, tokens: &[u32]) {
+    let sent = l.sent.entry(index).or_insert(0);
+    if tokens.len() > *sent {
+        let _ = l.events.try_send(Event::Tokens { index, tokens: tokens[*sent..].to_vec() });
+        *sent = tokens.len();
+    }
+}
+
+/// This thread's allocator cache flushed and every unused dirty page returned: the server at rest
+/// holds only live memory, so the kernel's view of it (RSS) is comparable from one idle moment to
+/// the next (plateau's allocator keeps freed pages until told, see `probes::MALLOC_CONF`).
+fn release_pages() {
+    // Flushes this thread's cache too (Purge), so the engine's freed memory is counted freed.
+    crate::probes::settle_allocator(crate::probes::Settle::Purge);
+}
+
+/// The capacity of a request's event channel: one event per generated token of each sequence at
+/// most, plus the output, so that the engine thread never waits on a handler.
+pub fn event_capacity(request: &Request) -> usize {
+    (request.params.n.max(1) as usize).saturating_mul(request.params.max_tokens.max(1) as usize).saturating_add(2)
+}

@@ -1,0 +1,159 @@
+//! The HTTP side of `plateau serve`: routes and handlers. A handler turns a body into an engine
+//! request, hands it to the engine thread through the bounded command channel, and answers from the
+//! request's events: a JSON response, or a server-sent event stream whose closing by the client
+//! aborts the request (the engine thread sees the stream's receiver gone).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, Stream, StreamExt};
+use plateau_engine::{tokenizer, Request};
+use plateau_reports::MetricSpec;
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+
+use super::api::{error_body, finish_reason, ChatBody, CompletionBody, Endpoint};
+use super::engine_loop::{event_capacity, Command, Event};
+
+pub struct AppState {
+    pub commands: SyncSender<Command>,
+    /// The name `/v1/models` lists and responses carry.
+    pub model: String,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    let kind = if status.is_client_error() { "invalid_request_error" } else { "server_error" };
+    (status, Json(error_body(message, kind))).into_response()
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Response {
+    Json(json!({"object": "list", "data": [{"id": s.model, "object": "model", "owned_by": "plateau"}]})).into_response()
+}
+
+/// The body as JSON of the expected shape, or a 400 that says what is wrong with it.
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
+    serde_json::from_slice(body).map_err(|e| error(StatusCode::BAD_REQUEST, &format!("request body: {e}")))
+}
+
+async fn completions(State(s): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+    let body: CompletionBody = match parse(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let stream = body.sampling.stream;
+    answer(&s, body.request(), stream, Endpoint::Completions).await
+}
+
+async fn chat(State(s): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+    let body: ChatBody = match parse(&body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let stream = body.sampling.stream;
+    answer(&s, body.request(), stream, Endpoint::Chat).await
+}
+
+/// Submits the request and answers it, streamed or whole.
+async fn answer(s: &AppState, request: Result<Request, String>, streamed: bool, endpoint: Endpoint) -> Response {
+    let request = match request {
+        Ok(r) => r,
+        Err(m) => return error(StatusCode::BAD_REQUEST, &m),
+    };
+    let (tx, mut rx) = mpsc::channel(event_capacity(&request));
+    match s.commands.try_send(Command::Submit { request, events: tx }) {
+        Ok(()) => {}
+        Err(TrySendError::Full(_)) => return error(StatusCode::SERVICE_UNAVAILABLE, "the engine's request queue is full"),
+        Err(TrySendError::Disconnected(_)) => return error(StatusCode::INTERNAL_SERVER_ERROR, "the engine has stopped"),
+    }
+    // The first event says whether the engine took the request: a refusal is the client's error.
+    let first = match rx.recv().await {
+        Some(Event::Refused(why)) => return error(StatusCode::BAD_REQUEST, &why),
+        Some(e) => e,
+        None => return error(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request"),
+    };
+    let id = "cmpl-plateau".to_string();
+    if streamed {
+        let model = s.model.clone();
+        let events = stream::once(async move { Some(first) }).chain(stream::unfold(rx, |mut rx| async move {
+            let e = rx.recv().await;
+            e.map(|e| (Some(e), rx))
+        }));
+        return Sse::new(sse(events, id, model, endpoint)).into_response();
+    }
+    let mut next = Some(first);
+    loop {
+        match next {
+            Some(Event::Finished(out)) => return Json(endpoint.response(&id, &s.model, &out)).into_response(),
+            Some(Event::Refused(why)) => return error(StatusCode::BAD_REQUEST, &why),
+            Some(Event::Tokens { .. }) => next = rx.recv().await,
+            None => return error(StatusCode::INTERNAL_SERVER_ERROR, "the engine dropped the request"),
+        }
+    }
+}
+
+/// A request's events as server-sent events: a chunk per token batch of a sequence, a last chunk
+/// per sequence with its finish reason, then `[DONE]`.
+fn sse(
+    events: impl Stream<Item = Option<Event>> + Send + 'static,
+    id: String,
+    model: String,
+    endpoint: Endpoint,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    events.flat_map(move |e| {
+        let chunks: Vec<String> = match e {
+            Some(Event::Tokens { index, tokens }) => {
+                vec![endpoint.chunk(&id, &model, index, &tokenizer::decode(&tokens), None).to_string()]
+            }
+            Some(Event::Finished(out)) => {
+                let mut v: Vec<String> = out
+                    .seqs
+                    .iter()
+                    .map(|q| endpoint.chunk(&id, &model, q.index, "", Some(finish_reason(q.finish))).to_string())
+                    .collect();
+                v.push("[DONE]".into());
+                v
+            }
+            Some(Event::Refused(why)) => vec![json!({"error": {"message": why}}).to_string(), "[DONE]".into()],
+            None => Vec::new(),
+        };
+        stream::iter(chunks.into_iter().map(|c| Ok(SseEvent::default().data(c))))
+    })
+}
+
+/// The allocator figures /metrics reports with the engine's (the process's /proc view is for
+/// whoever probes the process: plateau run --target reads it itself).
+fn heap_figures() -> (BTreeMap<String, f64>, BTreeMap<String, MetricSpec>) {
+    let mut values = BTreeMap::new();
+    crate::probes::read_jemalloc("", &mut values);
+    let specs = crate::probes::ProcessProbes::specs("").into_iter().filter(|(k, _)| k.starts_with("jemalloc.")).collect();
+    (values, specs)
+}
+
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+    let (reply, rx) = oneshot::channel();
+    if s.commands.try_send(Command::Stats { reply }).is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the engine's request queue is full or stopped");
+    }
+    let Ok(snap) = rx.await else { return error(StatusCode::INTERNAL_SERVER_ERROR, "the engine has stopped") };
+    let (heap, specs) = heap_figures();
+    let text = super::metrics::render(&snap, &heap, &specs);
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}

@@ -1,0 +1,69 @@
+//! `plateau serve`: the engine behind an OpenAI-compatible HTTP API, so that the external mode of
+//! the soak (`plateau run --target`) is tested end to end against a server whose leaks are known.
+//!
+//! Shape: one engine thread ([`engine_loop`]) owns the engine; HTTP handlers ([`http`]) reach it
+//! through one bounded channel of [`COMMAND_QUEUE`] commands (a full queue answers 503). Routes:
+//! `/v1/completions`, `/v1/chat/completions` (images as base64 data URLs), both with `n` and
+//! streaming; `/v1/models`; `/health`; `/metrics` (Prometheus text: every registry, counter and
+//! allocator figure, see [`metrics`]). Injections apply as in `plateau run`.
+
+pub mod api;
+pub mod engine_loop;
+pub mod http;
+pub mod metrics;
+
+use std::sync::Arc;
+
+use plateau_engine::Injections;
+
+use crate::driver::{build_engine, RunError};
+use crate::scenario::Scenario;
+
+/// Commands waiting for the engine thread at most: requests beyond it are refused with 503
+/// rather than queued without bound.
+pub const COMMAND_QUEUE: usize = 1024;
+
+pub struct ServeOptions {
+    pub backend: Option<String>,
+    pub seed: u64,
+    pub injections: Injections,
+    /// Address to bind, such as 127.0.0.1:8000.
+    pub listen: String,
+}
+
+/// Serves until interrupted (Ctrl-C) or killed. Returns when the server stops.
+pub fn serve(scenario: &Scenario, opts: &ServeOptions) -> Result<(), RunError> {
+    let backend = opts.backend.clone().unwrap_or_else(|| scenario.engine.backend.clone());
+    let engine = build_engine(scenario, &backend, opts.injections.clone(), opts.seed)?;
+    let model = format!("plateau-{}", scenario.engine.preset);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        // Exact heap figures: no HTTP thread keeps freed memory in a cache of its own.
+        .on_thread_start(crate::probes::disable_thread_cache)
+        .enable_all()
+        .build()
+        .map_err(|e| RunError::Harness(format!("tokio runtime: {e}")))?;
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(&opts.listen))
+        .map_err(|e| RunError::Input(format!("--listen {}: {e}", opts.listen)))?;
+    let addr = listener.local_addr().map_err(|e| RunError::Harness(e.to_string()))?;
+    let (tx, rx) = std::sync::mpsc::sync_channel(COMMAND_QUEUE);
+    let engine_thread = std::thread::Builder::new()
+        .name("engine".into())
+        .spawn(move || engine_loop::run(engine, rx))
+        .map_err(|e| RunError::Harness(format!("engine thread: {e}")))?;
+    let app = http::router(Arc::new(http::AppState { commands: tx, model }));
+    eprintln!("plateau serve: listening on http://{addr} (backend {backend}, Ctrl-C stops)");
+    let served = runtime.block_on(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+    });
+    // The router (and with it the last command sender) is gone: the engine thread ends.
+    drop(runtime);
+    let engine_result = engine_thread.join().map_err(|_| RunError::Harness("the engine thread panicked".into()))?;
+    served.map_err(|e| RunError::Harness(format!("server: {e}")))?;
+    engine_result.map_err(RunError::Harness)
+}
