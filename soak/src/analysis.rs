@@ -111,8 +111,8 @@ fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
     v.summary.push_str(&format!("; top site: {}", at(top)));
 }
 
-/// Says, for a failing heap of a node process (`--pd-processes`), why no allocation site is named:
-/// the profiled replay runs plateau's own process, not the node's.
+/// Says, for a failing heap of a node process (`--pd-processes`) or of an external target
+/// (`--target`), why no allocation site is named: the profiled replay runs plateau's own process.
 fn note_node_heaps(v: &mut Verdict) {
     let nodes: Vec<String> = v
         .metrics
@@ -120,6 +120,13 @@ fn note_node_heaps(v: &mut Verdict) {
         .filter(|m| m.status == Status::Fail && m.name.ends_with(".jemalloc.allocated"))
         .map(|m| m.name.clone())
         .collect();
+    let (targets, nodes): (Vec<String>, Vec<String>) = nodes.into_iter().partition(|n| n.starts_with("target."));
+    if !targets.is_empty() {
+        v.attribution.push(format!(
+            "replay: {} grows in the target server; plateau profiles its own process only, so no allocation site is named: run the server under its own heap profiler (jemalloc's prof, heaptrack, memray for Python) for the sites",
+            targets.join(", ")
+        ));
+    }
     if !nodes.is_empty() {
         v.attribution.push(format!(
             "replay: {} grows in a node process; a profiled replay covers plateau's own process only, so no allocation site is named: rerun with --profile and without --pd-processes (the same pair in one process) for the sites",

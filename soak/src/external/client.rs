@@ -36,7 +36,9 @@ pub enum Action {
 /// How a request ended, from the client's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    Completed { chunks: u32 },
+    Completed {
+        chunks: u32,
+    },
     /// Closed by the client as its action said.
     Aborted,
     /// Ended before the client's abort point (it finished first).
@@ -80,14 +82,18 @@ impl Client {
             .build()
             .map_err(|e| ClientError::Server(format!("HTTP client: {e}")))?;
         let url = format!("{base}/v1/models");
-        let resp = http.get(&url).send().await.map_err(|e| ClientError::Unreachable(format!("GET {url}: {}", cause(&e))))?;
+        let resp =
+            http.get(&url).send().await.map_err(|e| ClientError::Unreachable(format!("GET {url}: {}", cause(&e))))?;
         let status = resp.status();
-        let body: Value = resp
-            .json()
-            .await
-            .map_err(|_| ClientError::NotOpenAi(format!("GET {url} answered {status} without OpenAI JSON: is this an OpenAI-compatible server?")))?;
+        let body: Value = resp.json().await.map_err(|_| {
+            ClientError::NotOpenAi(format!(
+                "GET {url} answered {status} without OpenAI JSON: is this an OpenAI-compatible server?"
+            ))
+        })?;
         let model = body["data"][0]["id"].as_str().ok_or_else(|| {
-            ClientError::NotOpenAi(format!("GET {url} answered {status} with no model in data[0].id: is this an OpenAI-compatible server?"))
+            ClientError::NotOpenAi(format!(
+                "GET {url} answered {status} with no model in data[0].id: is this an OpenAI-compatible server?"
+            ))
         })?;
         Ok(Client { http, base, model: model.to_string() })
     }
@@ -145,7 +151,9 @@ impl Client {
                 return Ok(if status.is_client_error() { Outcome::Refused } else { Outcome::Accepted });
             }
             if status == reqwest::StatusCode::NOT_FOUND {
-                return Err(ClientError::NotOpenAi(format!("POST {url} answered 404: is this an OpenAI-compatible server?")));
+                return Err(ClientError::NotOpenAi(format!(
+                    "POST {url} answered 404: is this an OpenAI-compatible server?"
+                )));
             }
             if !status.is_success() {
                 let text = resp.text().await.unwrap_or_default();
@@ -186,11 +194,7 @@ impl Client {
         let body_tokens = r.prompt.strip_prefix(&[BOS]).unwrap_or(&r.prompt);
         if r.images.is_empty() {
             // Tokens no text stands for (an invalid request's) go as a token array, as OpenAI allows.
-            let prompt = if as_tokens {
-                json!(r.prompt)
-            } else {
-                json!(text_of(body_tokens))
-            };
+            let prompt = if as_tokens { json!(r.prompt) } else { json!(text_of(body_tokens)) };
             b.insert("prompt".into(), prompt);
             return ("/v1/completions", Value::Object(b));
         }
@@ -233,8 +237,9 @@ async fn read_stream(mut resp: reqwest::Response, action: Action, url: &str) -> 
                 if data == "[DONE]" {
                     continue;
                 }
-                let v: Value = serde_json::from_str(data)
-                    .map_err(|e| ClientError::NotOpenAi(format!("POST {url}: a stream event that is not JSON ({e})")))?;
+                let v: Value = serde_json::from_str(data).map_err(|e| {
+                    ClientError::NotOpenAi(format!("POST {url}: a stream event that is not JSON ({e})"))
+                })?;
                 if let Some(err) = v.get("error") {
                     return Err(ClientError::Server(format!("POST {url}: the stream ended in an error: {err}")));
                 }

@@ -126,6 +126,10 @@ impl Mapping {
                 | prometheus_parse::Value::Untyped(v) => v,
                 _ => continue,
             };
+            if s.metric == crate::serve::metrics::SETTLED {
+                out.settled = Some(value == 1.0);
+                continue;
+            }
             if s.metric == crate::serve::metrics::FAMILY {
                 if let Some((name, spec)) = self_described(&s.labels) {
                     out.add(format!("{PREFIX}{name}"), spec, value);
@@ -141,7 +145,11 @@ impl Mapping {
                     *out.in_flight.get_or_insert(0.0) += value;
                 }
             } else if matches!(s.value, prometheus_parse::Value::Gauge(_)) {
-                out.add(format!("{PREFIX}{}", s.metric.replace(':', ".")), MetricSpec::new(Kind::Observed, "count"), value);
+                out.add(
+                    format!("{PREFIX}{}", s.metric.replace(':', ".")),
+                    MetricSpec::new(Kind::Observed, "count"),
+                    value,
+                );
             }
         }
         out
@@ -154,6 +162,9 @@ pub struct Scraped {
     pub values: BTreeMap<String, f64>,
     pub specs: BTreeMap<String, MetricSpec>,
     pub in_flight: Option<f64>,
+    /// What a server that settles its allocator when asked said of this scrape (plateau serve);
+    /// None for others.
+    pub settled: Option<bool>,
 }
 
 impl Scraped {

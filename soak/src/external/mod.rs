@@ -31,7 +31,11 @@ use futures_util::stream::{self, StreamExt};
 use plateau_reports::{Header, Kind, MetricSpec, SampleLine, SAMPLES_SCHEMA};
 
 use crate::detector::warmup_rule;
-use crate::driver::{clear_earlier_run, rejudge, run_length, write_json, AbortCounts, Progress, RunError, RunOptions, RunResult, MAX_ITERATIONS};
+use crate::probes::{PURGED_ONLY, PURGE_EVERY};
+use crate::driver::{
+    clear_earlier_run, rejudge, run_length, write_json, AbortCounts, Progress, RunError, RunOptions, RunResult,
+    MAX_ITERATIONS,
+};
 use crate::scenario::{Phase, Scenario, Stage};
 use crate::workload::{rng_for, Workload};
 use client::{Action, Client, ClientError, Outcome};
@@ -98,11 +102,13 @@ struct Soak<'a> {
 }
 
 impl Soak<'_> {
-    async fn scrape(&self) -> Result<Option<mapping::Scraped>, RunError> {
+    /// Scrapes /metrics; `settle`: ask the server to settle its allocator first if it can.
+    async fn scrape(&self, settle: bool) -> Result<Option<mapping::Scraped>, RunError> {
         if !self.scrapes {
             return Ok(None);
         }
-        let url = format!("{}/metrics", self.client.base());
+        let query = if settle { "?settle=1" } else { "" };
+        let url = format!("{}/metrics{query}", self.client.base());
         let text = fetch_metrics(&url).await?;
         let text = text.ok_or_else(|| RunError::Harness(format!("GET {url}: gone mid-run")))?;
         let samples = mapping::parse_text(&text, &format!("GET {url}")).map_err(RunError::Harness)?;
@@ -122,7 +128,7 @@ impl Soak<'_> {
     async fn settle(&mut self) -> Result<(), RunError> {
         let t0 = Instant::now();
         loop {
-            match self.scrape().await? {
+            match self.scrape(false).await? {
                 Some(s) if s.in_flight.is_some_and(|n| n > 0.0) => {}
                 _ => return Ok(()),
             }
@@ -138,19 +144,29 @@ impl Soak<'_> {
         self.check_alive()?;
         let mut values = BTreeMap::new();
         let mut cost_us = BTreeMap::new();
+        // The scrape first: a server that settles its allocator when scraped idle (plateau serve)
+        // has done so before its process is read.
         let t0 = Instant::now();
+        // A server that settles when asked does so at one sample in PURGE_EVERY, as the in-process
+        // soak does; its page-level levels are recorded only there, where they mean live memory.
+        let settle = self.iter % PURGE_EVERY == 0;
+        let mut unsettled = false;
+        if let Some(s) = self.scrape(settle).await? {
+            unsettled = s.settled == Some(false);
+            values.extend(s.values);
+        }
+        let t1 = Instant::now();
+        cost_us.insert("scrape".into(), (t1 - t0).as_secs_f64() * 1e6);
         if let Some(tree) = &self.tree {
             let pids = tree.sample(&mut values);
             if let Some(g) = &self.gpu {
                 g.sample(&pids, &mut values);
             }
         }
-        let t1 = Instant::now();
-        cost_us.insert("target_proc".into(), (t1 - t0).as_secs_f64() * 1e6);
-        if let Some(s) = self.scrape().await? {
-            values.extend(s.values);
+        cost_us.insert("target_proc".into(), t1.elapsed().as_secs_f64() * 1e6);
+        if unsettled {
+            values.retain(|k, _| !is_page_level(k));
         }
-        cost_us.insert("scrape".into(), t1.elapsed().as_secs_f64() * 1e6);
         let mut own = BTreeMap::new();
         self.own.sample("plateau.", crate::probes::Settle::Flush, &mut own, &mut BTreeMap::new());
         if let Some(p) = self.own.process() {
@@ -158,13 +174,26 @@ impl Soak<'_> {
         }
         values.extend(own);
         values.retain(|k, _| self.declared.contains_key(k));
-        let line = SampleLine { t: self.start.elapsed().as_secs_f64(), iter: self.iter, quiescent: true, values, cost_us, checks: BTreeMap::new() };
+        let line = SampleLine {
+            t: self.start.elapsed().as_secs_f64(),
+            iter: self.iter,
+            quiescent: true,
+            values,
+            cost_us,
+            checks: BTreeMap::new(),
+        };
         serde_json::to_writer(&mut self.out, &line).map_err(|e| RunError::Harness(e.to_string()))?;
         self.out.write_all(b"\n").map_err(|e| RunError::Harness(e.to_string()))
     }
 
     /// Sends a phase's requests and waits for all of them.
-    async fn run_phase(&mut self, scenario: &Scenario, workload: &mut Workload, index: usize, phase: &Phase) -> Result<(), RunError> {
+    async fn run_phase(
+        &mut self,
+        scenario: &Scenario,
+        workload: &mut Workload,
+        index: usize,
+        phase: &Phase,
+    ) -> Result<(), RunError> {
         let iter = self.iter + 1;
         let mut sends: Vec<(plateau_engine::Request, Action)> = Vec::new();
         let abort = |ids: &[u64], a: &Option<crate::scenario::Abort>, w: &Workload| -> BTreeMap<u64, Action> {
@@ -216,12 +245,11 @@ impl Soak<'_> {
             }
         }
         let client = &self.client;
-        let results: Vec<Result<Outcome, ClientError>> = stream::iter(sends.iter())
-            .map(|(r, a)| client.send(r, *a))
-            .buffer_unordered(self.ext.concurrency.max(1))
-            .collect()
-            .await;
-        for r in results {
+        let mut results =
+            stream::iter(sends.iter()).map(|(r, a)| client.send(r, *a)).buffer_unordered(self.ext.concurrency.max(1));
+        // The first failure stops the phase: requests not yet sent are never sent to a failing
+        // server, and those in flight are closed.
+        while let Some(r) = results.next().await {
             match r.map_err(client_err)? {
                 Outcome::Completed { .. } => {}
                 Outcome::Aborted => self.aborts.aborted += 1,
@@ -234,6 +262,13 @@ impl Soak<'_> {
     }
 }
 
+/// A target level that counts the allocator's unused pages until they are given back: RSS and
+/// RssAnon of the tree and of each process, the allocator's resident and mapped pages.
+fn is_page_level(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(mapping::PREFIX) else { return false };
+    PURGED_ONLY.iter().any(|p| rest == *p || rest.ends_with(&format!(".{p}")))
+}
+
 /// The scenario's model vocabulary (for the out-of-vocabulary invalid request); a large one when
 /// the preset is unknown here.
 fn vocab_size(s: &Scenario) -> usize {
@@ -242,13 +277,21 @@ fn vocab_size(s: &Scenario) -> usize {
 
 /// GET /metrics: the text, or None when the server has none (404).
 async fn fetch_metrics(url: &str) -> Result<Option<String>, RunError> {
-    let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().map_err(|e| RunError::Harness(e.to_string()))?;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| RunError::Harness(e.to_string()))?;
     let mut wait = Duration::from_millis(100);
     for attempt in 0..=client::RETRIES {
         match http.get(url).send().await {
             Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => return Ok(None),
-            Ok(r) if r.status().is_success() => return r.text().await.map(Some).map_err(|e| RunError::Harness(format!("GET {url}: {e}"))),
-            Ok(r) if attempt == client::RETRIES => return Err(RunError::Harness(format!("GET {url} answered {}", r.status()))),
+            Ok(r) if r.status().is_success() => {
+                return r.text().await.map(Some).map_err(|e| RunError::Harness(format!("GET {url}: {e}")))
+            }
+            Ok(r) if attempt == client::RETRIES => {
+                return Err(RunError::Harness(format!("GET {url} answered {}", r.status())))
+            }
             Err(e) if attempt == client::RETRIES => return Err(RunError::Harness(format!("GET {url}: {e}"))),
             _ => {
                 tokio::time::sleep(wait).await;
@@ -260,8 +303,17 @@ async fn fetch_metrics(url: &str) -> Result<Option<String>, RunError> {
 }
 
 /// Waits for a spawned server to answer: `/health` 200, else `/v1/models` 200.
-async fn wait_ready(url: &str, t: &mut target::Target, timeout: Duration, log: &std::path::Path) -> Result<(), RunError> {
-    let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(2)).build().map_err(|e| RunError::Harness(e.to_string()))?;
+async fn wait_ready(
+    url: &str,
+    t: &mut target::Target,
+    timeout: Duration,
+    log: &std::path::Path,
+) -> Result<(), RunError> {
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|e| RunError::Harness(e.to_string()))?;
     let t0 = Instant::now();
     loop {
         if !t.alive() {
@@ -302,9 +354,13 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         Some(p) => Mapping::with_file(p).map_err(RunError::Input)?,
         None => Mapping::built_in(),
     };
-    std::fs::create_dir_all(&opts.out_dir).map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
+    std::fs::create_dir_all(&opts.out_dir)
+        .map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
     clear_earlier_run(&opts.out_dir);
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| RunError::Harness(format!("tokio runtime: {e}")))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| RunError::Harness(format!("tokio runtime: {e}")))?;
     let log = opts.out_dir.join("target.log");
     let mut target = match (&ext.spawn, ext.pid) {
         (Some(cmd), _) => Some(target::Target::spawn(cmd, &log).map_err(RunError::Input)?),
@@ -317,7 +373,9 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     let client = runtime.block_on(Client::connect(&ext.url, ext.request_timeout)).map_err(client_err)?;
     let metrics_url = format!("{}/metrics", client.base());
     let first = match runtime.block_on(fetch_metrics(&metrics_url))? {
-        Some(text) => Some(mapping.apply(&mapping::parse_text(&text, &format!("GET {metrics_url}")).map_err(RunError::Input)?)),
+        Some(text) => {
+            Some(mapping.apply(&mapping::parse_text(&text, &format!("GET {metrics_url}")).map_err(RunError::Input)?))
+        }
         None => None,
     };
     let tree = target.as_ref().map(|t| tree::Tree::new(t.pid));
@@ -331,7 +389,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     };
     let seed = opts.seed.unwrap_or(scenario.soak.seed);
     let known_length = (limit != MAX_ITERATIONS).then_some(limit);
-    let warmup = warmup_rule(opts.warmup, Some(scenario.soak.warmup_iterations), known_length).map_err(RunError::Input)?;
+    let warmup =
+        warmup_rule(opts.warmup, Some(scenario.soak.warmup_iterations), known_length).map_err(RunError::Input)?;
     let mut declared = BTreeMap::new();
     if let Some(t) = &tree {
         declared.extend(t.specs());
@@ -399,7 +458,9 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
             soak.iter = iter;
             soak.sample().await?;
             if let Some(t) = &soak.tree {
-                let now = procfs::process::Process::new(t.root()).map(|p| crate::mappings::of_process(&p)).unwrap_or_default();
+                let now = procfs::process::Process::new(t.root())
+                    .map(|p| crate::mappings::of_process(&p))
+                    .unwrap_or_default();
                 if iter == warmup.max(1) {
                     snapshots.start_iter = iter;
                     snapshots.start = now;
@@ -409,7 +470,11 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
                 }
             }
             if opts.progress != Progress::Quiet && (last_line.elapsed() >= Duration::from_secs(10) || iter == limit) {
-                eprintln!("plateau: iteration {iter}/{limit}, {:.1} s, target {}", soak.start.elapsed().as_secs_f64(), soak.client.base());
+                eprintln!(
+                    "plateau: iteration {iter}/{limit}, {:.1} s, target {}",
+                    soak.start.elapsed().as_secs_f64(),
+                    soak.client.base()
+                );
                 last_line = Instant::now();
             }
             if opts.interrupt.load(Ordering::Relaxed) {
@@ -433,7 +498,10 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         );
     }
     if soak.skipped_sleeps > 0 {
-        eprintln!("plateau: {} sleep phases skipped: an external target has no sleep/wake over the API", soak.skipped_sleeps);
+        eprintln!(
+            "plateau: {} sleep phases skipped: an external target has no sleep/wake over the API",
+            soak.skipped_sleeps
+        );
     }
     if let Some(t) = &soak.tree {
         let roles = t.roles();

@@ -51,9 +51,7 @@ impl Target {
         if let Some(c) = &mut self.child {
             return matches!(c.try_wait(), Ok(None));
         }
-        procfs::process::Process::new(self.pid)
-            .and_then(|p| p.stat())
-            .is_ok_and(|s| s.state != 'Z' && s.state != 'X')
+        procfs::process::Process::new(self.pid).and_then(|p| p.stat()).is_ok_and(|s| s.state != 'Z' && s.state != 'X')
     }
 
     /// What a spawned server's exit was, if it has exited.

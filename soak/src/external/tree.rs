@@ -53,9 +53,12 @@ impl Tree {
         if pids.len() > 1 {
             let mut seen: BTreeMap<String, u32> = BTreeMap::new();
             for pid in pids {
-                let comm = Process::new(pid).and_then(|p| p.stat()).map(|s| s.comm).unwrap_or_else(|_| format!("pid{pid}"));
-                let mut name: String =
-                    comm.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+                let comm =
+                    Process::new(pid).and_then(|p| p.stat()).map(|s| s.comm).unwrap_or_else(|_| format!("pid{pid}"));
+                let mut name: String = comm
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+                    .collect();
                 let n = seen.entry(name.clone()).or_insert(0);
                 *n += 1;
                 if *n > 1 {

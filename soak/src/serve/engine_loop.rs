@@ -4,9 +4,10 @@
 //! channel while the engine is idle; while requests are in flight it drains what has arrived, aborts
 //! every request whose client has gone (its event receiver dropped: the stream was closed), steps
 //! the engine once, and sends each request the tokens its sequences generated since the last step,
-//! then its output when it ends. When the last request ends, the thread flushes its allocator cache
-//! and gives unused pages back to the kernel, so that the server's memory at rest is its live
-//! memory. The engine core stays what it is everywhere else: one thread, no clock of its own (this
+//! then its output when it ends. A /metrics scrape that asks to settle (`?settle=1`, a soak's
+//! sample point) while nothing is in flight first flushes the thread's allocator cache and gives
+//! unused pages back to the kernel, so that the server's memory seen there is its live memory, as
+//! the in-process soak settles at one sample in four ([`crate::probes::PURGE_EVERY`]). The engine core stays what it is everywhere else: one thread, no clock of its own (this
 //! thread's clock is passed to it), every draw from seeded RNGs.
 
 use std::collections::BTreeMap;
@@ -28,15 +29,19 @@ const IDLE_POLL: Duration = Duration::from_millis(200);
 pub enum Command {
     /// A request (its id is assigned by the thread); its events go to `events`.
     Submit { request: Request, events: mpsc::Sender<Event> },
-    /// The engine's registries and counters, for /metrics.
-    Stats { reply: oneshot::Sender<Snapshot> },
+    /// The engine's registries and counters, for /metrics. `settle`: if nothing is in flight,
+    /// give the allocator's unused pages back first (a soak's sample point).
+    Stats { settle: bool, reply: oneshot::Sender<Snapshot> },
 }
 
 /// What a request's handler hears back, in order: tokens as they come, then exactly one of
 /// `Finished` or `Refused`.
 #[derive(Debug)]
 pub enum Event {
-    Tokens { index: u32, tokens: Vec<u32> },
+    Tokens {
+        index: u32,
+        tokens: Vec<u32>,
+    },
     Finished(RequestOutput),
     /// The engine would not take the request (why).
     Refused(String),
@@ -48,6 +53,8 @@ pub struct Snapshot {
     pub in_flight: u64,
     /// Failed idle self-checks (name, detail), taken only when nothing is in flight.
     pub idle_violations: Vec<(String, String)>,
+    /// Whether unused pages were given back just before: the process's memory is its live memory.
+    pub settled: bool,
 }
 
 /// One request in flight: where its events go and how many tokens each sequence has been sent.
@@ -91,13 +98,18 @@ pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String
                         }
                     }
                 }
-                Command::Stats { reply } => {
+                Command::Stats { settle, reply } => {
                     let idle_now = live.is_empty() && !engine.has_unfinished();
+                    let settled = settle && idle_now;
+                    if settled {
+                        release_pages();
+                    }
                     let idle_violations = match idle_now.then(|| engine.check_idle()) {
                         Some(Err(v)) => v.into_iter().map(|x| (x.metric, x.detail)).collect(),
                         _ => Vec::new(),
                     };
-                    let _ = reply.send(Snapshot { stats: engine.stats(), in_flight: live.len() as u64, idle_violations });
+                    let _ =
+                        reply.send(Snapshot { stats: engine.stats(), in_flight: live.len() as u64, idle_violations, settled });
                 }
             }
         }
@@ -113,7 +125,6 @@ pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String
             }
             // Outputs of requests aborted just now come out of the next step.
             if live.is_empty() {
-                release_pages();
                 continue;
             }
         }
@@ -136,7 +147,6 @@ pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String
             for (_, l) in std::mem::take(&mut live) {
                 let _ = l.events.try_send(Event::Refused("the engine ended the request without an output".into()));
             }
-            release_pages();
         }
     }
 }

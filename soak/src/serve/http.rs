@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -80,8 +80,12 @@ async fn answer(s: &AppState, request: Result<Request, String>, streamed: bool, 
     let (tx, mut rx) = mpsc::channel(event_capacity(&request));
     match s.commands.try_send(Command::Submit { request, events: tx }) {
         Ok(()) => {}
-        Err(TrySendError::Full(_)) => return error(StatusCode::SERVICE_UNAVAILABLE, "the engine's request queue is full"),
-        Err(TrySendError::Disconnected(_)) => return error(StatusCode::INTERNAL_SERVER_ERROR, "the engine has stopped"),
+        Err(TrySendError::Full(_)) => {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "the engine's request queue is full")
+        }
+        Err(TrySendError::Disconnected(_)) => {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "the engine has stopped")
+        }
     }
     // The first event says whether the engine took the request: a refusal is the client's error.
     let first = match rx.recv().await {
@@ -143,13 +147,21 @@ fn sse(
 fn heap_figures() -> (BTreeMap<String, f64>, BTreeMap<String, MetricSpec>) {
     let mut values = BTreeMap::new();
     crate::probes::read_jemalloc("", &mut values);
-    let specs = crate::probes::ProcessProbes::specs("").into_iter().filter(|(k, _)| k.starts_with("jemalloc.")).collect();
+    let specs =
+        crate::probes::ProcessProbes::specs("").into_iter().filter(|(k, _)| k.starts_with("jemalloc.")).collect();
     (values, specs)
 }
 
-async fn metrics(State(s): State<Arc<AppState>>) -> Response {
+/// `/metrics?settle=1`: settle the allocator first if the server is idle.
+#[derive(serde::Deserialize)]
+struct MetricsQuery {
+    #[serde(default)]
+    settle: u8,
+}
+
+async fn metrics(State(s): State<Arc<AppState>>, Query(q): Query<MetricsQuery>) -> Response {
     let (reply, rx) = oneshot::channel();
-    if s.commands.try_send(Command::Stats { reply }).is_err() {
+    if s.commands.try_send(Command::Stats { settle: q.settle == 1, reply }).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the engine's request queue is full or stopped");
     }
     let Ok(snap) = rx.await else { return error(StatusCode::INTERNAL_SERVER_ERROR, "the engine has stopped") };
