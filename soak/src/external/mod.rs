@@ -31,11 +31,11 @@ use futures_util::stream::{self, StreamExt};
 use plateau_reports::{Header, Kind, MetricSpec, SampleLine, SAMPLES_SCHEMA};
 
 use crate::detector::warmup_rule;
-use crate::probes::{PURGED_ONLY, PURGE_EVERY};
 use crate::driver::{
     clear_earlier_run, rejudge, run_length, write_json, AbortCounts, Progress, RunError, RunOptions, RunResult,
     MAX_ITERATIONS,
 };
+use crate::probes::PURGED_ONLY;
 use crate::scenario::{Phase, Scenario, Stage};
 use crate::workload::{rng_for, Workload};
 use client::{Action, Client, ClientError, Outcome};
@@ -102,13 +102,11 @@ struct Soak<'a> {
 }
 
 impl Soak<'_> {
-    /// Scrapes /metrics; `settle`: ask the server to settle its allocator first if it can.
-    async fn scrape(&self, settle: bool) -> Result<Option<mapping::Scraped>, RunError> {
+    async fn scrape(&self) -> Result<Option<mapping::Scraped>, RunError> {
         if !self.scrapes {
             return Ok(None);
         }
-        let query = if settle { "?settle=1" } else { "" };
-        let url = format!("{}/metrics{query}", self.client.base());
+        let url = format!("{}/metrics", self.client.base());
         let text = fetch_metrics(&url).await?;
         let text = text.ok_or_else(|| RunError::Harness(format!("GET {url}: gone mid-run")))?;
         let samples = mapping::parse_text(&text, &format!("GET {url}")).map_err(RunError::Harness)?;
@@ -128,7 +126,7 @@ impl Soak<'_> {
     async fn settle(&mut self) -> Result<(), RunError> {
         let t0 = Instant::now();
         loop {
-            match self.scrape(false).await? {
+            match self.scrape().await? {
                 Some(s) if s.in_flight.is_some_and(|n| n > 0.0) => {}
                 _ => return Ok(()),
             }
@@ -147,11 +145,10 @@ impl Soak<'_> {
         // The scrape first: a server that settles its allocator when scraped idle (plateau serve)
         // has done so before its process is read.
         let t0 = Instant::now();
-        // A server that settles when asked does so at one sample in PURGE_EVERY, as the in-process
-        // soak does; its page-level levels are recorded only there, where they mean live memory.
-        let settle = self.iter % PURGE_EVERY == 0;
+        // A server that says whether its allocator holds freed pages (plateau serve) has its
+        // page-level levels recorded only where it does not: there they mean live memory.
         let mut unsettled = false;
-        if let Some(s) = self.scrape(settle).await? {
+        if let Some(s) = self.scrape().await? {
             unsettled = s.settled == Some(false);
             values.extend(s.values);
         }

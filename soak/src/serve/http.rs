@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -152,16 +152,9 @@ fn heap_figures() -> (BTreeMap<String, f64>, BTreeMap<String, MetricSpec>) {
     (values, specs)
 }
 
-/// `/metrics?settle=1`: settle the allocator first if the server is idle.
-#[derive(serde::Deserialize)]
-struct MetricsQuery {
-    #[serde(default)]
-    settle: u8,
-}
-
-async fn metrics(State(s): State<Arc<AppState>>, Query(q): Query<MetricsQuery>) -> Response {
+async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     let (reply, rx) = oneshot::channel();
-    if s.commands.try_send(Command::Stats { settle: q.settle == 1, reply }).is_err() {
+    if s.commands.try_send(Command::Stats { reply }).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the engine's request queue is full or stopped");
     }
     let Ok(snap) = rx.await else { return error(StatusCode::INTERNAL_SERVER_ERROR, "the engine has stopped") };

@@ -6,8 +6,8 @@
 //! they apply. A soak of this server (`plateau run --target`) reads them back as they are, so its
 //! verdict names the same registries an in-process soak names. `plateau_requests_in_flight` is the
 //! in-flight gauge that says the server is quiescent; `plateau_idle_violations` counts the engine's
-//! failed idle self-checks while nothing is in flight; `plateau_settled` says whether the scrape
-//! gave the allocator's unused pages back first.
+//! failed idle self-checks while nothing is in flight; `plateau_settled` says whether the
+//! allocator's unused pages have been given back since anything ran.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -22,8 +22,9 @@ pub const FAMILY: &str = "plateau_metric";
 pub const IN_FLIGHT: &str = "plateau_requests_in_flight";
 /// The engine's failed idle self-checks (0 while requests are in flight: they are not taken then).
 pub const IDLE_VIOLATIONS: &str = "plateau_idle_violations";
-/// 1 when this scrape settled the allocator first (`?settle=1` while idle): the process's
-/// page-level memory (RSS, resident) is then its live memory; 0 when it may hold freed pages.
+/// 1 when nothing ran since the allocator's unused pages were given back (the server is idle): the
+/// process's page-level memory (RSS, resident) is then its live memory; 0 when it may hold freed
+/// pages.
 pub const SETTLED: &str = "plateau_settled";
 
 /// The exposition text of one scrape: the engine's snapshot and the allocator's figures (`heap`,
@@ -51,7 +52,7 @@ pub fn render(snap: &Snapshot, heap: &BTreeMap<String, f64>, heap_specs: &BTreeM
         "# HELP {IDLE_VIOLATIONS} Failed idle self-checks of the engine.\n# TYPE {IDLE_VIOLATIONS} gauge"
     );
     let _ = writeln!(out, "{IDLE_VIOLATIONS} {}", snap.idle_violations.len());
-    let _ = writeln!(out, "# HELP {SETTLED} 1 when unused pages were given back just before this scrape.");
+    let _ = writeln!(out, "# HELP {SETTLED} 1 when the allocator's unused pages were given back since anything ran.");
     let _ = writeln!(out, "# TYPE {SETTLED} gauge\n{SETTLED} {}", u8::from(snap.settled));
     out
 }
