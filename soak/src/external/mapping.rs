@@ -26,6 +26,8 @@ use std::path::Path;
 use plateau_reports::{Kind, MetricSpec};
 use serde::Deserialize;
 
+use super::exposition::{Sample, Type};
+
 /// The prefix of every metric read from the target.
 pub const PREFIX: &str = "target.";
 
@@ -117,36 +119,31 @@ impl Mapping {
 
     /// Every metric of a scrape that plateau records, summed over label sets, with its spec, and
     /// the in-flight total (None when no in-flight gauge was there).
-    pub fn apply(&self, samples: &[prometheus_parse::Sample]) -> Scraped {
+    pub fn apply(&self, samples: &[Sample]) -> Scraped {
         let mut out = Scraped::default();
         for s in samples {
-            let value = match s.value {
-                prometheus_parse::Value::Gauge(v)
-                | prometheus_parse::Value::Counter(v)
-                | prometheus_parse::Value::Untyped(v) => v,
-                _ => continue,
-            };
-            if s.metric == crate::serve::metrics::SETTLED {
+            let value = s.value;
+            if s.name == crate::serve::metrics::SETTLED {
                 out.settled = Some(value == 1.0);
                 continue;
             }
-            if s.metric == crate::serve::metrics::FAMILY {
+            if s.name == crate::serve::metrics::FAMILY {
                 if let Some((name, spec)) = self_described(&s.labels) {
                     out.add(format!("{PREFIX}{name}"), spec, value);
                 }
                 continue;
             }
-            if let Some(r) = self.rules.get(&s.metric) {
-                let name = r.name.clone().unwrap_or_else(|| s.metric.replace(':', "."));
+            if let Some(r) = self.rules.get(&s.name) {
+                let name = r.name.clone().unwrap_or_else(|| s.name.replace(':', "."));
                 let quantum = (r.unit == "count").then_some(1.0);
                 let spec = MetricSpec { kind: r.kind, unit: r.unit.clone(), capacity: r.capacity, quantum };
                 out.add(format!("{PREFIX}{name}"), spec, value);
                 if r.in_flight {
                     *out.in_flight.get_or_insert(0.0) += value;
                 }
-            } else if matches!(s.value, prometheus_parse::Value::Gauge(_)) {
+            } else if s.kind == Type::Gauge {
                 out.add(
-                    format!("{PREFIX}{}", s.metric.replace(':', ".")),
+                    format!("{PREFIX}{}", s.name.replace(':', ".")),
                     MetricSpec::new(Kind::Observed, "count"),
                     value,
                 );
@@ -175,43 +172,25 @@ impl Scraped {
 }
 
 /// A `plateau_metric` sample's name and spec, from its labels.
-fn self_described(labels: &prometheus_parse::Labels) -> Option<(String, MetricSpec)> {
-    let name = labels.get("name")?;
-    let kind = match labels.get("kind")? {
+fn self_described(labels: &BTreeMap<String, String>) -> Option<(String, MetricSpec)> {
+    let get = |k: &str| labels.get(k).map(String::as_str);
+    let name = get("name")?;
+    let kind = match get("kind")? {
         "gauge" => Kind::Gauge,
         "per_request" => Kind::PerRequest,
         "bounded" => Kind::Bounded,
         "counter" => Kind::Counter,
         _ => Kind::Observed,
     };
-    let unit = labels.get("unit").unwrap_or("count").to_string();
-    let capacity = labels.get("capacity").and_then(|c| c.parse().ok());
-    let quantum = labels.get("quantum").and_then(|q| q.parse().ok());
+    let unit = get("unit").unwrap_or("count").to_string();
+    let capacity = get("capacity").and_then(|c| c.parse().ok());
+    let quantum = get("quantum").and_then(|q| q.parse().ok());
     Some((name.to_string(), MetricSpec { kind, unit, capacity, quantum }))
 }
 
-/// Parses Prometheus text. A line that is neither a comment nor a sample is an error naming it
-/// (the parser itself skips such lines silently).
-pub fn parse_text(text: &str, source: &str) -> Result<Vec<prometheus_parse::Sample>, String> {
-    use prometheus_parse::LineInfo;
-    for (k, line) in text.lines().enumerate() {
-        let t = line.trim();
-        if t.is_empty() || t.starts_with('#') {
-            continue;
-        }
-        let bad = match LineInfo::parse(t) {
-            LineInfo::Sample { value, .. } => {
-                value.parse::<f64>().is_err() && !matches!(value, "+Inf" | "-Inf" | "NaN")
-            }
-            _ => true,
-        };
-        if bad {
-            let shown: String = t.chars().take(80).collect();
-            return Err(format!("{source} line {}: not Prometheus text: {shown}", k + 1));
-        }
-    }
-    let lines = text.lines().map(|l| Ok(l.to_string()));
-    prometheus_parse::Scrape::parse(lines).map(|s| s.samples).map_err(|e| format!("{source}: {e}"))
+/// Parses Prometheus text (see [`super::exposition`]).
+pub fn parse_text(text: &str, source: &str) -> Result<Vec<Sample>, String> {
+    super::exposition::parse(text, source)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! skipped and counted.
 
 pub mod client;
+pub mod exposition;
 pub mod gpu;
 pub mod mapping;
 pub mod target;
