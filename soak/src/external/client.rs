@@ -125,7 +125,10 @@ impl Client {
             };
             let resp = match resp {
                 Ok(r) => r,
-                Err(e) if e.is_connect() && !last => {
+                // A refused connection, or a kept-alive one the server closed as the request went
+                // out (llama.cpp's server closes a connection after its 100th request): nothing was
+                // answered, so the request is sent again.
+                Err(e) if !last && !e.is_timeout() && (e.is_connect() || e.is_request()) => {
                     tokio::time::sleep(wait).await;
                     wait *= 2;
                     continue;

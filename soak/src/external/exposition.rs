@@ -40,7 +40,8 @@ pub fn parse(text: &str, source: &str) -> Result<Vec<Sample>, String> {
             return Err(format!("{source}: more than {MAX_LINES} lines"));
         }
         let line = raw.trim();
-        let at = || format!("{source} line {}: not Prometheus text: {}", k + 1, line.chars().take(80).collect::<String>());
+        let at =
+            || format!("{source} line {}: not Prometheus text: {}", k + 1, line.chars().take(80).collect::<String>());
         if line.is_empty() {
             continue;
         }
