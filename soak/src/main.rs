@@ -285,8 +285,14 @@ fn dispatch(cli: Cli) -> u8 {
             };
             let result = match &external.target {
                 Some(url) => {
-                    if profile || pd_processes {
-                        eprintln!("plateau: --target: --profile and --pd-processes apply to plateau's own engine only");
+                    if profile || pd_processes || opts.backend.is_some() {
+                        eprintln!(
+                            "plateau: --target: --profile, --pd-processes and --backend apply to plateau's own engine only"
+                        );
+                        return USAGE;
+                    }
+                    if opts.sample_interval_ms.is_some_and(|ms| ms > 0) {
+                        eprintln!("plateau: --target: a server is sampled at quiescent points only (no timer samples); drop --sample-interval-ms");
                         return USAGE;
                     }
                     let ext = plateau_soak::external::ExternalOptions {
@@ -327,7 +333,15 @@ fn dispatch(cli: Cli) -> u8 {
                         r.out_dir.display()
                     );
                     if r.verdict.failed() {
-                        let inj: String = r.verdict.injections.iter().map(|i| format!(" --inject {i}")).collect();
+                        let mut inj: String = r.verdict.injections.iter().map(|i| format!(" --inject {i}")).collect();
+                        if let Some(url) = &external.target {
+                            inj.push_str(&format!(" --target {url}"));
+                            match (&external.spawn, external.pid) {
+                                (Some(cmd), _) => inj.push_str(&format!(" --spawn {cmd:?}")),
+                                (None, Some(pid)) => inj.push_str(&format!(" --pid {pid}")),
+                                (None, None) => {}
+                            }
+                        }
                         eprintln!(
                             "plateau: reproduce with: plateau run {scenario} --seed {} --iterations {}{inj}",
                             r.verdict.seed, r.iterations

@@ -95,6 +95,13 @@ pub fn of_process(p: &Process) -> Vec<Mapping> {
     maps.into_iter().map(|m| listed(&m, &own)).collect()
 }
 
+/// Another process's mappings now (a server under test): none of them is plateau's own, whatever
+/// their addresses. Empty when /proc cannot be read.
+pub fn of_other_process(p: &Process) -> Vec<Mapping> {
+    let Ok(maps) = p.maps() else { return Vec::new() };
+    maps.into_iter().map(|m| listed(&m, &[])).collect()
+}
+
 /// A kernel mapping, with the bytes of it that own mappings made. Own mappings are sorted by
 /// start and do not overlap, so they are sorted by end too: the ones overlapping `m` are a run.
 fn listed(m: &MemoryMap, own: &[Own]) -> Mapping {
@@ -212,7 +219,7 @@ impl Snapshots {
 /// bytes per iteration (as the failing metrics' `sites`).
 pub fn name_grown(snap: &Snapshots, v: &mut Verdict) {
     const MIB: f64 = 1024.0 * 1024.0;
-    let outside = |l: &str| l.starts_with("outside the heap");
+    let outside = |l: &str| l.starts_with("outside the heap") || l.starts_with("process memory (no allocator");
     if !v.metrics.iter().any(|m| m.status == Status::Fail && m.location.as_deref().is_some_and(outside)) {
         return;
     }
@@ -250,7 +257,10 @@ pub fn name_grown(snap: &Snapshots, v: &mut Verdict) {
         .iter()
         .map(|s| format!("{}/iteration mapped at {}", fmt(s.bytes_per_iter.unwrap_or(0.0)), s.place()))
         .collect();
-    if said.is_empty() {
+    let in_target = v.metrics.iter().any(|m| m.status == Status::Fail && m.name.starts_with("target."));
+    if in_target {
+        line.push_str(" in the target server's process (see mappings.json)");
+    } else if said.is_empty() {
         line.push_str("; none of it mapped by plateau's own code (a library's mapping: see mappings.json)");
     } else {
         line.push_str(&format!("; plateau's own mappings still mapped: {}", said.join(", ")));

@@ -65,6 +65,10 @@ pub struct ExternalOptions {
 /// plateau's own figures recorded beside the target's, observed only: the load generator's memory.
 const OWN: [(&str, &str); 2] = [("plateau.jemalloc.allocated", "bytes"), ("plateau.proc.rss", "bytes")];
 
+/// Requests the load generator has sent (valid and invalid, once each whatever the retries): the
+/// run's pace, so a verdict states costs per request of a server that counts none itself.
+const REQUESTS: &str = "plateau.requests_added";
+
 fn client_err(e: ClientError) -> RunError {
     match e {
         ClientError::NotOpenAi(m) | ClientError::Refused(m) => RunError::Input(m),
@@ -95,6 +99,7 @@ struct Soak<'a> {
     out: BufWriter<File>,
     start: Instant,
     iter: u64,
+    requests_sent: u64,
     settle_timeouts: u64,
     skipped_sleeps: u64,
     aborts: AbortCounts,
@@ -171,6 +176,7 @@ impl Soak<'_> {
             crate::probes::read_proc(p, "plateau.", &mut own);
         }
         values.extend(own);
+        values.insert(REQUESTS.into(), self.requests_sent as f64);
         values.retain(|k, _| self.declared.contains_key(k));
         let line = SampleLine {
             t: self.start.elapsed().as_secs_f64(),
@@ -242,6 +248,7 @@ impl Soak<'_> {
                 return Ok(());
             }
         }
+        self.requests_sent += sends.len() as u64;
         let client = &self.client;
         let mut results =
             stream::iter(sends.iter()).map(|(r, a)| client.send(r, *a)).buffer_unordered(self.ext.concurrency.max(1));
@@ -402,6 +409,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     for (name, unit) in OWN {
         declared.insert(name.to_string(), MetricSpec::new(Kind::Observed, unit));
     }
+    declared.insert(REQUESTS.to_string(), MetricSpec { quantum: Some(1.0), ..MetricSpec::new(Kind::Counter, "count") });
     let header = Header {
         schema: SAMPLES_SCHEMA.into(),
         scenario: scenario.name.clone(),
@@ -430,6 +438,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         out,
         start: Instant::now(),
         iter: 0,
+        requests_sent: 0,
         settle_timeouts: 0,
         skipped_sleeps: 0,
         aborts: AbortCounts::default(),

@@ -27,9 +27,9 @@ pub const IDLE_VIOLATIONS: &str = "plateau_idle_violations";
 /// pages.
 pub const SETTLED: &str = "plateau_settled";
 
-/// The exposition text of one scrape: the engine's snapshot and the allocator's figures (`heap`,
-/// with their specs).
-pub fn render(snap: &Snapshot, heap: &BTreeMap<String, f64>, heap_specs: &BTreeMap<String, MetricSpec>) -> String {
+/// The exposition text of one scrape: the engine's snapshot and the process's own figures
+/// (`process`, with their specs).
+pub fn render(snap: &Snapshot, process: &BTreeMap<String, f64>, specs: &BTreeMap<String, MetricSpec>) -> String {
     let mut out = String::with_capacity(8 * 1024);
     let _ = writeln!(out, "# HELP {FAMILY} An engine registry, counter or allocator figure of plateau serve; labels say how plateau judges it.");
     let _ = writeln!(out, "# TYPE {FAMILY} gauge");
@@ -37,8 +37,8 @@ pub fn render(snap: &Snapshot, heap: &BTreeMap<String, f64>, heap_specs: &BTreeM
         let spec = plateau_spec::detector::spec_of(m);
         line(&mut out, &m.name, &spec, m.value as f64);
     }
-    for (name, value) in heap {
-        if let Some(spec) = heap_specs.get(name) {
+    for (name, value) in process {
+        if let Some(spec) = specs.get(name) {
             line(&mut out, name, spec, *value);
         }
     }

@@ -69,9 +69,12 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
     let moved_text: Vec<String> = moved.iter().map(|(n, sl)| format!("{n} (+{sl:.1}/iteration)")).collect();
     let failing = |ms: &[MetricVerdict], name: &str| ms.iter().any(|m| m.name == name && m.status == Status::Fail);
     // Per process: is its growth outside the heap? (Its kernel-view growth is not the heap's.)
+    // A process that reports no allocator statistics (a server under test that is not plateau's)
+    // cannot have its heap told apart from its other memory.
+    let unknown_heap = |name: &str| !s.header.metrics.contains_key(&format!("{}jemalloc.allocated", process_of(name)));
     let snapshot: Vec<(String, f64, f64, bool)> = metrics
         .iter()
-        .filter(|m| m.status == Status::Fail && m.kind == "gauge" && kernel_family(&m.name))
+        .filter(|m| m.status == Status::Fail && m.kind == "gauge" && kernel_family(&m.name) && !unknown_heap(&m.name))
         .map(|m| {
             let heap = format!("{}jemalloc.allocated", process_of(&m.name));
             let out_rate = m.trend.as_ref().map_or(0.0, |t| t.slope_per_iter);
@@ -83,6 +86,9 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
     for m in metrics.iter_mut().filter(|m| m.status == Status::Fail && m.kind == "gauge") {
         let outside = snapshot.iter().find(|x| x.0 == m.name).map(|x| x.3);
         m.location = Some(match outside {
+            None if kernel_family(&m.name) && unknown_heap(&m.name) => {
+                "process memory (no allocator statistics from this process: its heap and its other mappings are not told apart)".into()
+            }
             Some(true) => {
                 "outside the heap: memory the allocator did not make (anonymous, shared or file mappings)".into()
             }
@@ -124,6 +130,18 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
             grown.iter().map(|x| x.0.as_str()).collect::<Vec<_>>().join(", "),
             lead.0,
             fmt_value(lead.1, "bytes"),
+        ));
+    }
+    let unknown: Vec<&MetricVerdict> = metrics
+        .iter()
+        .filter(|m| m.status == Status::Fail && m.kind == "gauge" && kernel_family(&m.name) && unknown_heap(&m.name))
+        .collect();
+    if let Some(lead) = unknown.iter().find(|m| m.name.ends_with("rss_anon")).or(unknown.first()) {
+        out.push(format!(
+            "process memory: {} grow ({} {}/iteration); the process reports no allocator statistics, so its heap and its other mappings are not told apart",
+            unknown.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
+            lead.name,
+            fmt_value(lead.trend.as_ref().map_or(0.0, |t| t.slope_per_iter), "bytes"),
         ));
     }
     if !moved_text.is_empty() && metrics.iter().any(|m| m.status == Status::Fail && m.kind == "gauge") {
