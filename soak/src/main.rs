@@ -47,6 +47,53 @@ struct Cli {
     command: Cmd,
 }
 
+/// Files for CI systems, written beside the usual outputs (each whole or not at all).
+#[derive(clap::Args, Default)]
+struct CiArgs {
+    /// Write GitHub's job-summary markdown here (verdict, a table of failing metrics, links, the
+    /// replay command); point it at $GITHUB_STEP_SUMMARY in a workflow.
+    #[arg(long, value_name = "FILE", help_heading = "CI outputs")]
+    summary_md: Option<PathBuf>,
+    /// Write JUnit XML here: a testsuite per run, its verdict and a testcase per judged metric.
+    #[arg(long, value_name = "FILE", help_heading = "CI outputs")]
+    junit: Option<PathBuf>,
+}
+
+impl CiArgs {
+    /// Writes the files asked for; an unwritable one is the user's (exit 2).
+    fn write(&self, runs: &[plateau_reports::ci::RunRef]) -> Result<(), u8> {
+        self.write_texts(|| plateau_reports::ci::summary_markdown(runs), || plateau_reports::ci::junit(runs))
+    }
+
+    /// The same for a list of checks (selftest's cases).
+    fn write_checks(&self, title: &str, checks: &[plateau_reports::ci::Check]) -> Result<(), u8> {
+        self.write_texts(
+            || plateau_reports::ci::checks_markdown(title, checks),
+            || plateau_reports::ci::checks_junit("selftest", checks),
+        )
+    }
+
+    fn write_texts(&self, md: impl Fn() -> String, xml: impl Fn() -> Result<String, String>) -> Result<(), u8> {
+        let write = |path: &Path, text: &str| {
+            plateau_soak::analysis::write_atomic(path, text.as_bytes()).map_err(|e| {
+                eprintln!("plateau: {}: {e}", path.display());
+                USAGE
+            })
+        };
+        if let Some(p) = &self.summary_md {
+            write(p, &md())?;
+        }
+        if let Some(p) = &self.junit {
+            let text = xml().map_err(|e| {
+                eprintln!("plateau: --junit: {e}");
+                HARNESS
+            })?;
+            write(p, &text)?;
+        }
+        Ok(())
+    }
+}
+
 /// Soak a server plateau did not start in-process: see README, "Soak your own server".
 #[derive(clap::Args)]
 struct ExternalArgs {
@@ -130,6 +177,8 @@ enum Cmd {
         profile_window: Option<(u64, u64)>,
         #[command(flatten)]
         external: ExternalArgs,
+        #[command(flatten)]
+        ci: CiArgs,
     },
     /// Serve plateau's engine over an OpenAI-compatible HTTP API (/v1/completions,
     /// /v1/chat/completions with images, n, streaming; /v1/models, /health, /metrics), so that
@@ -190,6 +239,8 @@ enum Cmd {
         /// (default 1B/request).
         #[arg(long)]
         tolerance: Option<Tolerance>,
+        #[command(flatten)]
+        ci: CiArgs,
     },
     /// List the shipped scenarios and the leak injections.
     List,
@@ -202,6 +253,8 @@ enum Cmd {
         /// Keep the runs in this directory (default: a temporary one, removed on success).
         #[arg(long)]
         keep: Option<PathBuf>,
+        #[command(flatten)]
+        ci: CiArgs,
     },
     /// Tell the story of a run: what grew, how fast, since when, where (allocation sites, the
     /// mapping, registry insertion sites), and how to replay it.
@@ -248,6 +301,7 @@ fn dispatch(cli: Cli) -> u8 {
             profile,
             profile_window,
             external,
+            ci,
         } => {
             if profile && !plateau_soak::heapprof::control::compiled_in() {
                 eprintln!(
@@ -332,20 +386,27 @@ fn dispatch(cli: Cli) -> u8 {
                         r.aborts.invalid_refused,
                         r.out_dir.display()
                     );
-                    if r.verdict.failed() {
-                        let mut inj: String = r.verdict.injections.iter().map(|i| format!(" --inject {i}")).collect();
-                        if let Some(url) = &external.target {
-                            inj.push_str(&format!(" --target {url}"));
-                            match (&external.spawn, external.pid) {
-                                (Some(cmd), _) => inj.push_str(&format!(" --spawn {cmd:?}")),
-                                (None, Some(pid)) => inj.push_str(&format!(" --pid {pid}")),
-                                (None, None) => {}
-                            }
+                    let mut inj: String = r.verdict.injections.iter().map(|i| format!(" --inject {i}")).collect();
+                    if let Some(url) = &external.target {
+                        inj.push_str(&format!(" --target {url}"));
+                        match (&external.spawn, external.pid) {
+                            (Some(cmd), _) => inj.push_str(&format!(" --spawn {cmd:?}")),
+                            (None, Some(pid)) => inj.push_str(&format!(" --pid {pid}")),
+                            (None, None) => {}
                         }
-                        eprintln!(
-                            "plateau: reproduce with: plateau run {scenario} --seed {} --iterations {}{inj}",
-                            r.verdict.seed, r.iterations
-                        );
+                    }
+                    let replay =
+                        format!("plateau run {scenario} --seed {} --iterations {}{inj}", r.verdict.seed, r.iterations);
+                    let run = plateau_reports::ci::RunRef {
+                        verdict: &r.verdict,
+                        dir: r.out_dir.display().to_string(),
+                        replay: Some(replay.clone()),
+                    };
+                    if let Err(code) = ci.write(&[run]) {
+                        return code;
+                    }
+                    if r.verdict.failed() {
+                        eprintln!("plateau: reproduce with: {replay}");
                         LEAK
                     } else if r.interrupted {
                         eprintln!("plateau: interrupted: the verdict is incomplete");
@@ -360,7 +421,7 @@ fn dispatch(cli: Cli) -> u8 {
                 Err(e) => run_error_code(e),
             }
         }
-        Cmd::Analyze { samples, out, warmup, tolerance } => {
+        Cmd::Analyze { samples, out, warmup, tolerance, ci } => {
             let o = JudgeOptions { warmup, tolerance, tolerance_explicit: tolerance.is_some(), incomplete: false };
             let (s, v) = match judge_file(&samples, &o) {
                 Ok(x) => x,
@@ -376,6 +437,10 @@ fn dispatch(cli: Cli) -> u8 {
                 return USAGE;
             }
             eprint!("{}", describe(&v));
+            let run = plateau_reports::ci::RunRef { verdict: &v, dir: dir.display().to_string(), replay: None };
+            if let Err(code) = ci.write(&[run]) {
+                return code;
+            }
             verdict_code(&v)
         }
         Cmd::List => {
@@ -390,7 +455,7 @@ fn dispatch(cli: Cli) -> u8 {
             }
             PASS
         }
-        Cmd::Selftest { quick, keep } => {
+        Cmd::Selftest { quick, keep, ci } => {
             let exe = match std::env::current_exe() {
                 Ok(e) => e,
                 Err(e) => {
@@ -407,20 +472,26 @@ fn dispatch(cli: Cli) -> u8 {
                 return USAGE;
             }
             let _ = std::fs::remove_file(&probe);
-            match plateau_soak::selftest::run(quick, &exe, &root) {
-                Ok(0) => {
+            let checks = match plateau_soak::selftest::run(quick, &exe, &root) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("plateau: {e}");
+                    return HARNESS;
+                }
+            };
+            if let Err(code) = ci.write_checks("plateau selftest", &checks) {
+                return code;
+            }
+            match checks.iter().filter(|c| c.problem.is_some()).count() {
+                0 => {
                     if keep.is_none() {
                         let _ = std::fs::remove_dir_all(&root);
                     }
                     PASS
                 }
-                Ok(_) => {
+                _ => {
                     eprintln!("plateau: selftest failed; runs kept in {}", root.display());
                     LEAK
-                }
-                Err(e) => {
-                    eprintln!("plateau: {e}");
-                    HARNESS
                 }
             }
         }

@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
+use plateau_reports::ci::Check;
 use plateau_reports::{Status, Verdict};
 
 use crate::detector::gauge::fmt_value;
@@ -184,9 +185,10 @@ fn detail(c: &Case, v: &Verdict) -> String {
 }
 
 /// Runs every case; prints one line each and a closing `selftest: N passed, M failed` line.
-/// Returns the number of failed cases, or an error if the harness itself could not run.
-pub fn run(quick: bool, exe: &Path, out_root: &Path) -> Result<usize, String> {
+/// Returns each case's outcome, or an error if the harness itself could not run.
+pub fn run(quick: bool, exe: &Path, out_root: &Path) -> Result<Vec<Check>, String> {
     let mut failed = 0;
+    let mut checks = Vec::with_capacity(CASES.len());
     for (k, c) in CASES.iter().enumerate() {
         let name = format!("{}{}", c.scenario, c.inject.map(|i| format!(" + {i}")).unwrap_or_default());
         let out = out_root.join(format!("{k:02}-{}-{}", c.scenario, c.inject.unwrap_or("clean")));
@@ -213,17 +215,16 @@ pub fn run(quick: bool, exe: &Path, out_root: &Path) -> Result<usize, String> {
             (None, true) => Some("no readable verdict.json".to_string()),
             (Some(v), true) => check(c, v),
         };
-        match problem {
-            None => println!(
-                "ok    {name:<40} exit {code}  {secs:5.1}s  {}",
-                verdict.as_ref().map(|v| detail(c, v)).unwrap_or_default()
-            ),
+        let figures = verdict.as_ref().map(|v| detail(c, v)).unwrap_or_default();
+        match &problem {
+            None => println!("ok    {name:<40} exit {code}  {secs:5.1}s  {figures}"),
             Some(p) => {
                 failed += 1;
                 println!("FAIL  {name:<40} {p}  ({})", out.display());
             }
         }
+        checks.push(Check { name, problem, detail: figures, secs });
     }
     println!("selftest: {} passed, {failed} failed", CASES.len() - failed);
-    Ok(failed)
+    Ok(checks)
 }

@@ -52,6 +52,10 @@ fn registry_leak_fails_run_and_analyze() {
         "--out",
         d.to_str().unwrap(),
         "--quiet",
+        "--summary-md",
+        d.join("summary.md").to_str().unwrap(),
+        "--junit",
+        d.join("junit.xml").to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let v = verdict(&d);
@@ -60,10 +64,29 @@ fn registry_leak_fails_run_and_analyze() {
     assert_eq!(m["status"], "fail");
     assert_eq!(m["first_iter"], 1);
     assert!(stderr(&o).contains("reproduce with: plateau run"));
+    // The CI files name the failing metric and the replay command.
+    let md = std::fs::read_to_string(d.join("summary.md")).unwrap();
+    assert!(md.contains("| `registry.requests` | per_request | 1 |"), "{md}");
+    assert!(md.contains("Replay: `plateau run"), "{md}");
+    let xml = std::fs::read_to_string(d.join("junit.xml")).unwrap();
+    assert!(xml.contains(r#"<testcase name="registry.requests" classname="n-sampling.per_request">"#), "{xml}");
+    assert!(xml.contains("<failure"), "{xml}");
     let a = tmp("leak-analyze");
     let o = plateau(&["analyze", d.join("samples.jsonl").to_str().unwrap(), "--out", a.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_eq!(verdict(&a)["verdict"], "fail");
+    // An unwritable CI file is bad input, and nothing half-written is left.
+    let bad = a.join("no-such-dir").join("junit.xml");
+    let o = plateau(&[
+        "analyze",
+        d.join("samples.jsonl").to_str().unwrap(),
+        "--out",
+        a.to_str().unwrap(),
+        "--junit",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no-such-dir"), "{}", stderr(&o));
 }
 
 #[test]
