@@ -1,10 +1,15 @@
 //! plateau-reports: the run data model shared by the harness and its readers (samples.jsonl v1,
-//! verdict.json v1) and the plots of a run.
+//! verdict.json v1, environment.json v1), the plots of a run, report.html, what CI reads
+//! (job-summary markdown, JUnit) (the history database lives in plateau-soak).
 
 pub mod ci;
+pub mod env;
+pub mod figures;
+pub mod html;
 pub mod plot;
 pub mod samples;
 pub mod verdict;
 
+pub use env::{Environment, ENVIRONMENT_SCHEMA};
 pub use samples::{Header, Kind, MetricSpec, Row, SampleLine, Samples, SamplesError, SAMPLES_SCHEMA, UNITS};
 pub use verdict::{MetricVerdict, Projection, Site, Status, Trend, Verdict, VERDICT_SCHEMA};

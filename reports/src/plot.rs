@@ -1,6 +1,9 @@
-//! Plots of a run: every memory level (MiB) and every count level (registries, mappings,
-//! descriptors, threads) against time, as SVG and PNG; only counters are left out (they only
-//! climb). The font is embedded, so nothing depends on the system's fonts.
+//! Plots of a run as small multiples: one panel per metric, each on its own axis (a registry that
+//! leaks 41 entries is not flattened beside a bounded cache of 4,000), failing metrics first and
+//! tinted, the warm-up shaded, the fitted slope drawn over what the detector judged. The same
+//! panel is drawn into `memory.{svg,png}` and `counts.{svg,png}` (a grid per unit) and, one SVG
+//! each, into report.html. Counters are left out (they only climb). The font is embedded, so
+//! nothing depends on the system's fonts.
 
 use std::path::{Path, PathBuf};
 use std::sync::Once;
@@ -8,7 +11,9 @@ use std::sync::Once;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
+use crate::figures::{byte_scale, fmt_value, median, report_rank, thin};
 use crate::samples::{Kind, Samples};
+use crate::verdict::{Status, Verdict};
 
 static FONT: Once = Once::new();
 
@@ -22,80 +27,220 @@ fn register_font() {
     });
 }
 
-/// A plotted line: its name and (seconds, value) points.
-type Line = (String, Vec<(f64, f64)>);
+/// Points drawn per panel at most, twice this (see [`thin`]): a 2,000-iteration run still draws
+/// every spike while report.html stays well under 2 MB with a hundred metrics.
+const THIN_BUCKETS: usize = 150;
 
-fn lines(s: &Samples, pick: impl Fn(&str, Kind, &str) -> bool, scale: f64) -> Vec<Line> {
-    s.names
+/// Panel size in pixels: three to a row fill a laptop-wide image; one fills a phone's width.
+pub const PANEL_PX: (u32, u32) = (340, 200);
+const GRID_COLUMNS: usize = 3;
+
+/// One metric, ready to draw: its quiescent points against the iteration, thinned.
+#[derive(Debug, Clone)]
+pub struct Panel {
+    pub name: String,
+    pub unit: String,
+    pub kind: Kind,
+    pub status: Option<Status>,
+    /// (iteration, value) at quiescent points (every point when the metric has none).
+    pub points: Vec<(f64, f64)>,
+    pub warmup_iterations: u64,
+    /// The fitted line over the judged part, (iteration, value) at both ends.
+    pub fit: Option<[(f64, f64); 2]>,
+    pub slope_per_iter: Option<f64>,
+    pub capacity: Option<u64>,
+}
+
+impl Panel {
+    /// `name: FAIL, +2.0 KiB/iteration` (what a reader needs beside the lines).
+    pub fn caption(&self) -> String {
+        let status = match self.status {
+            Some(Status::Fail) => "FAIL",
+            Some(Status::Inconclusive) => "not judged",
+            Some(Status::Warn) => "warn",
+            Some(Status::Pass) => "pass",
+            None => "shown only",
+        };
+        match self.slope_per_iter {
+            Some(s) => format!(
+                "{}: {status}, {}{}/iteration",
+                self.name,
+                if s >= 0.0 { "+" } else { "" },
+                fmt_value(s, &self.unit)
+            ),
+            None => format!("{}: {status}", self.name),
+        }
+    }
+}
+
+/// The panels of every metric `pick` takes (never counters), in report order: failing first.
+pub fn panels(s: &Samples, v: &Verdict, pick: impl Fn(Kind, &str) -> bool) -> Vec<Panel> {
+    let mut out: Vec<Panel> = s
+        .names
         .iter()
         .enumerate()
         .filter(|(_, n)| {
             let spec = &s.header.metrics[*n];
-            pick(n, spec.kind, &spec.unit)
+            spec.kind != Kind::Counter && pick(spec.kind, &spec.unit)
         })
-        .map(|(i, n)| {
-            (n.clone(), s.rows.iter().filter_map(|r| r.values[i].map(|v| (r.t, v / scale))).collect::<Vec<_>>())
+        .filter_map(|(i, n)| {
+            let spec = &s.header.metrics[n];
+            let quiescent: Vec<(f64, f64)> = s.quiescent_series(i).into_iter().map(|(it, x)| (it as f64, x)).collect();
+            let raw = if quiescent.is_empty() {
+                s.rows.iter().filter_map(|r| r.values[i].map(|x| (r.iter as f64, x))).collect()
+            } else {
+                quiescent
+            };
+            if raw.is_empty() {
+                return None;
+            }
+            let m = v.metrics.iter().find(|m| &m.name == n);
+            let slope = m.and_then(|m| m.trend.as_ref()).map(|t| t.slope_per_iter);
+            let fit = slope.and_then(|b| fit_line(&raw, v.warmup_iterations, b));
+            Some(Panel {
+                name: n.clone(),
+                unit: spec.unit.clone(),
+                kind: spec.kind,
+                status: m.map(|m| m.status),
+                points: thin(&raw, THIN_BUCKETS),
+                warmup_iterations: v.warmup_iterations,
+                fit,
+                slope_per_iter: slope,
+                capacity: spec.capacity,
+            })
         })
-        .filter(|(_, pts)| !pts.is_empty())
-        .collect()
+        .collect();
+    out.sort_by(|a, b| report_rank(a.status).cmp(&report_rank(b.status)).then_with(|| a.name.cmp(&b.name)));
+    out
 }
 
-fn draw<DB: DrawingBackend>(
+/// The line of slope `b` through the judged points (after warm-up), placed at the median offset
+/// of those points: the Theil–Sen line the detector fitted.
+fn fit_line(pts: &[(f64, f64)], warmup: u64, b: f64) -> Option<[(f64, f64); 2]> {
+    let judged: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.0 > warmup as f64).collect();
+    let (x0, x1) = (judged.first()?.0, judged.last()?.0);
+    let a = median(&mut judged.iter().map(|p| p.1 - b * p.0).collect::<Vec<_>>())?;
+    Some([(x0, a + b * x0), (x1, a + b * x1)])
+}
+
+fn tint(status: Option<Status>) -> RGBColor {
+    match status {
+        Some(Status::Fail) => RGBColor(253, 234, 232),
+        Some(Status::Inconclusive) => RGBColor(255, 247, 222),
+        _ => WHITE,
+    }
+}
+
+/// Draws one panel into `area`; with `caption`, its caption on top (the HTML report puts the
+/// caption in the page instead).
+fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    p: &Panel,
+    caption: bool,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
+    area.fill(&tint(p.status)).map_err(e)?;
+    let x_min = p.points.first().map_or(0.0, |q| q.0).min(0.0);
+    let x_max = p.points.last().map_or(1.0, |q| q.0).max(x_min + 1.0);
+    let lo = p.points.iter().map(|q| q.1).fold(f64::INFINITY, f64::min);
+    let hi = p.points.iter().map(|q| q.1).fold(f64::NEG_INFINITY, f64::max);
+    let (div, suffix) = if p.unit == "bytes" { byte_scale(lo.abs().max(hi.abs())) } else { (1.0, "") };
+    let pad = ((hi - lo) * 0.08).max(hi.abs() * 0.01).max(1.0);
+    let (y_min, y_max) = ((lo - pad) / div, (hi + pad) / div);
+    let mut b = ChartBuilder::on(area);
+    b.margin(6).margin_right(14).x_label_area_size(22).y_label_area_size(56);
+    if caption {
+        let color = if p.status == Some(Status::Fail) { RGBColor(170, 20, 20) } else { BLACK };
+        b.caption(p.caption(), ("sans-serif", 13).into_font().color(&color));
+    }
+    let mut chart = b.build_cartesian_2d(x_min..x_max, y_min..y_max).map_err(e)?;
+    let y_desc = if p.unit == "bytes" { suffix.to_string() } else { p.unit.clone() };
+    chart
+        .configure_mesh()
+        .light_line_style(WHITE.mix(0.0))
+        .x_labels(5)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_labels(4)
+        .y_desc(y_desc)
+        .label_style(("sans-serif", 12))
+        .draw()
+        .map_err(e)?;
+    if p.warmup_iterations > 0 {
+        let w = (p.warmup_iterations as f64).min(x_max);
+        chart
+            .draw_series(std::iter::once(Rectangle::new([(x_min, y_min), (w, y_max)], BLACK.mix(0.07).filled())))
+            .map_err(e)?;
+    }
+    if let Some(cap) = p.capacity {
+        let c = cap as f64 / div;
+        if c <= y_max * 4.0 {
+            chart.draw_series(LineSeries::new([(x_min, c), (x_max, c)], RGBColor(150, 150, 150))).map_err(e)?;
+        }
+    }
+    let line = RGBColor(31, 99, 180);
+    chart.draw_series(LineSeries::new(p.points.iter().map(|q| (q.0, q.1 / div)), line.stroke_width(2))).map_err(e)?;
+    if let Some([a, z]) = p.fit {
+        let color = if p.status == Some(Status::Fail) { RGBColor(200, 30, 30) } else { RGBColor(90, 160, 90) };
+        chart.draw_series(LineSeries::new([(a.0, a.1 / div), (z.0, z.1 / div)], color.stroke_width(2))).map_err(e)?;
+    }
+    Ok(())
+}
+
+/// One panel as an SVG element that scales to its container (for report.html).
+pub fn panel_svg(p: &Panel) -> Result<String, String> {
+    register_font();
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, PANEL_PX).into_drawing_area();
+        draw_panel(&root, p, false)?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    // plotters writes a fixed width and height; the page sizes it from the viewBox instead.
+    let fixed = format!("width=\"{}\" height=\"{}\"", PANEL_PX.0, PANEL_PX.1);
+    Ok(svg.replacen(&fixed, "class=\"plot\" preserveAspectRatio=\"xMidYMid meet\"", 1))
+}
+
+fn draw_grid<DB: DrawingBackend>(
     root: DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
-    y_label: &str,
-    data: &[Line],
+    ps: &[Panel],
 ) -> Result<(), String>
 where
     DB::ErrorType: 'static,
 {
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let x_max = data.iter().flat_map(|(_, p)| p.iter().map(|q| q.0)).fold(1e-9, f64::max);
-    let y_max = data.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)).fold(1e-9, f64::max) * 1.08;
-    let y_min = data.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)).fold(f64::INFINITY, f64::min).min(0.0);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(64)
-        .build_cartesian_2d(0.0..x_max, y_min..y_max)
-        .map_err(e)?;
-    chart.configure_mesh().x_desc("seconds").y_desc(y_label).label_style(("sans-serif", 13)).draw().map_err(e)?;
-    for (k, (name, pts)) in data.iter().enumerate() {
-        let color = Palette99::pick(k).to_rgba();
-        chart
-            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
-            .map_err(e)?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2)));
+    let root = root.titled(title, ("sans-serif", 18)).map_err(e)?;
+    if ps.is_empty() {
+        root.draw_text("no metrics of this unit", &("sans-serif", 14).into_text_style(&root), (20, 20)).map_err(e)?;
+    } else {
+        let rows = ps.len().div_ceil(GRID_COLUMNS);
+        let cells = root.split_evenly((rows, GRID_COLUMNS));
+        for (cell, p) in cells.iter().zip(ps) {
+            draw_panel(cell, p, true)?;
+        }
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 12))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(e)?;
     root.present().map_err(e)
 }
 
-/// Draws `memory.{svg,png}` and `counts.{svg,png}` into `dir`; returns the files written.
-pub fn plot_run(s: &Samples, dir: &Path) -> Result<Vec<PathBuf>, String> {
+/// Draws `memory.{svg,png}` and `counts.{svg,png}` into `dir`, a grid of panels each; returns the
+/// files written.
+pub fn plot_run(s: &Samples, v: &Verdict, dir: &Path) -> Result<Vec<PathBuf>, String> {
     register_font();
     let title = format!("{} (seed {}, {})", s.header.scenario, s.header.seed, s.header.backend);
-    let memory = lines(s, |_, k, u| k != Kind::Counter && u == "bytes", 1024.0 * 1024.0);
-    let counts = lines(s, |_, k, u| k != Kind::Counter && u == "count", 1.0);
     let mut written = Vec::new();
-    for (stem, what, label, data) in
-        [("memory", "memory", "MiB", &memory), ("counts", "registries and other counts", "count", &counts)]
-    {
+    for (stem, what, unit) in [("memory", "memory", "bytes"), ("counts", "registries and other counts", "count")] {
+        let ps = panels(s, v, |_, u| u == unit);
+        let rows = ps.len().div_ceil(GRID_COLUMNS).max(1) as u32;
+        let size = (PANEL_PX.0 * GRID_COLUMNS as u32, PANEL_PX.1 * rows + 34);
         let t = format!("{title}: {what}");
         let svg = dir.join(format!("{stem}.svg"));
-        draw(SVGBackend::new(&svg, (1100, 620)).into_drawing_area(), &t, label, data)?;
+        draw_grid(SVGBackend::new(&svg, size).into_drawing_area(), &t, &ps)?;
         let png = dir.join(format!("{stem}.png"));
-        draw(BitMapBackend::new(&png, (1100, 620)).into_drawing_area(), &t, label, data)?;
+        draw_grid(BitMapBackend::new(&png, size).into_drawing_area(), &t, &ps)?;
         written.extend([svg, png]);
     }
     Ok(written)

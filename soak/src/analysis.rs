@@ -187,14 +187,64 @@ pub fn source_function(file: &str, line: u32) -> Option<String> {
 
 /// Writes verdict.json and the plots into `dir`. Plot failures are reported, not fatal.
 pub fn write_outputs(dir: &Path, s: &Samples, v: &Verdict) -> std::io::Result<()> {
+    write_outputs_against(dir, s, v, None)
+}
+
+/// A run to compare against in report.html (`plateau report --baseline`).
+pub struct BaselineRun {
+    pub dir: std::path::PathBuf,
+    pub samples: Samples,
+    pub verdict: Verdict,
+}
+
+/// What report.html links to, when the run directory has it.
+const LINKED_FILES: [&str; 14] = [
+    "samples.jsonl",
+    "verdict.json",
+    "environment.json",
+    "memory.svg",
+    "memory.png",
+    "counts.svg",
+    "counts.png",
+    "mappings.json",
+    "residues.json",
+    "growth.txt",
+    "growth.svg",
+    "growth.pb.gz",
+    "target.log",
+    "replay",
+];
+
+/// Writes verdict.json, the plots and report.html into `dir` (each whole or not at all), with a
+/// baseline's comparison in the report when one is given.
+pub fn write_outputs_against(
+    dir: &Path,
+    s: &Samples,
+    v: &Verdict,
+    baseline: Option<&BaselineRun>,
+) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut json = serde_json::to_string_pretty(v).map_err(std::io::Error::other)?;
     json.push('\n');
-    std::fs::write(dir.join("verdict.json"), json)?;
-    if let Err(e) = plateau_reports::plot::plot_run(s, dir) {
+    write_atomic(&dir.join("verdict.json"), json.as_bytes())?;
+    if let Err(e) = plateau_reports::plot::plot_run(s, v, dir) {
         eprintln!("plateau: warning: plots in {} not drawn: {e}", dir.display());
     }
-    Ok(())
+    let environment: Option<plateau_reports::Environment> =
+        std::fs::read(dir.join("environment.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let input = plateau_reports::html::ReportInput {
+        samples: s,
+        verdict: v,
+        environment: environment.as_ref(),
+        baseline: baseline.map(|b| plateau_reports::html::Baseline {
+            label: b.dir.display().to_string(),
+            samples: &b.samples,
+            verdict: &b.verdict,
+        }),
+        files: LINKED_FILES.iter().filter(|f| dir.join(f).exists()).map(|f| f.to_string()).collect(),
+    };
+    let html = plateau_reports::html::report_html(&input).map_err(std::io::Error::other)?;
+    write_atomic(&dir.join("report.html"), html.as_bytes())
 }
 
 /// A short human summary of a verdict: the summary line, then each failing or warning metric.

@@ -21,7 +21,7 @@ use plateau_reports::{Header, SampleLine, Verdict, SAMPLES_SCHEMA};
 use crate::analysis::{judge_file, write_outputs, JudgeOptions};
 use crate::detector::{spec_of, warmup_rule};
 use crate::pd::pair::{PdOptions, PdPair};
-use crate::probes::{sample_engine, ProcessProbes, Settle, PURGE_EVERY};
+use crate::probes::{purge_every, sample_engine, ProcessProbes, Settle};
 use crate::scenario::{parse_duration_secs, Abort, PdMode, Phase, Scenario, Stage};
 use crate::system::System;
 use crate::workload::{rng_for, Workload};
@@ -182,6 +182,8 @@ struct Driver<'a> {
     accounting: Option<String>,
     aborts: AbortCounts,
     rss_bytes: f64,
+    /// A purge at every this many quiescent points ([`purge_every`]).
+    purge_every: u64,
 }
 
 impl Driver<'_> {
@@ -190,7 +192,7 @@ impl Driver<'_> {
         let mut cost_us = BTreeMap::new();
         let settle = match quiescent {
             false => Settle::None,
-            true if self.iter % PURGE_EVERY == 0 => Settle::Purge,
+            true if self.iter % self.purge_every == 0 => Settle::Purge,
             true => Settle::Flush,
         };
         self.probes.sample("", settle, &mut values, &mut cost_us);
@@ -440,6 +442,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         accounting: None,
         aborts: AbortCounts::default(),
         rss_bytes: 0.0,
+        purge_every: purge_every(known_length, warmup, crate::detector::DetectorConfig::default().min_points as u64),
     };
     let bar = (opts.progress == Progress::Bar).then(|| {
         let pb = if limit == MAX_ITERATIONS {
@@ -535,7 +538,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
 /// What a run writes beside its samples, read back when the run is judged: left in the directory
 /// by an earlier run, any of them would be read as this run's (an earlier interrupted verdict, an
 /// earlier replay's growth sites).
-const RUN_OUTPUTS: [&str; 9] = [
+const RUN_OUTPUTS: [&str; 10] = [
+    "report.html",
     "verdict.json",
     "mappings.json",
     "residues.json",

@@ -84,6 +84,18 @@ pub enum Settle {
 /// quarter of the points still has 45 of them in a default 200-iteration run.
 pub const PURGE_EVERY: u64 = 4;
 
+/// The purge cadence of a run: [`PURGE_EVERY`], or more often in a run too short to give the
+/// page-level gauges `min_points` points after warm-up at that cadence (a 60-iteration run purges
+/// at every second point and has its 20; one of 30 purges at every point and is still short, so
+/// inconclusive). A short run is short already; its purges' cost buys it a verdict.
+pub fn purge_every(known_length: Option<u64>, warmup_iterations: u64, min_points: u64) -> u64 {
+    assert!(min_points > 0, "the detector needs at least one point");
+    match known_length {
+        Some(n) if n > warmup_iterations => ((n - warmup_iterations) / min_points).clamp(1, PURGE_EVERY),
+        _ => PURGE_EVERY,
+    }
+}
+
 /// Page-level levels that count the allocator's unused dirty pages: recorded only at purged
 /// points, where they mean live memory. (`proc.anon_outside_heap`, RssAnon minus jemalloc's
 /// resident pages, counts those pages on both sides and is exact at every point.)
@@ -305,6 +317,16 @@ pub fn sample_engine(stats: &[Metric], prefix: &str, values: &mut BTreeMap<Strin
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn short_runs_purge_often_enough_to_be_judged() {
+        // 60 iterations, warm-up 20: every second point, 20 page-level points after warm-up.
+        assert_eq!(super::purge_every(Some(60), 20, 20), 2);
+        assert_eq!(super::purge_every(Some(30), 20, 20), 1);
+        assert_eq!(super::purge_every(Some(200), 20, 20), super::PURGE_EVERY);
+        assert_eq!(super::purge_every(None, 20, 20), super::PURGE_EVERY);
+        assert_eq!(super::purge_every(Some(10), 20, 20), super::PURGE_EVERY);
+    }
     #[test]
     fn status_fields_in_bytes() {
         let text = "Name:\tplateau\nVmRSS:\t  12 kB\nRssAnon:\t 4 kB\nVmPTE:\t 8 kB\nThreads:\t3\n";

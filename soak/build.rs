@@ -1,0 +1,17 @@
+//! Records the git commit plateau is built from (PLATEAU_COMMIT), for environment.json. Outside a
+//! git checkout (a crate tarball) it is "unknown".
+
+fn main() {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=PLATEAU_COMMIT={commit}");
+    for p in ["../.git/HEAD", "../.git/refs/heads", "../.git/packed-refs"] {
+        println!("cargo:rerun-if-changed={p}");
+    }
+}
