@@ -23,9 +23,11 @@ pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
 pub mod analysis;
 pub mod driver;
+pub mod environment;
 pub mod explain;
 pub mod external;
 pub mod heapprof;
+pub mod history;
 pub mod mappings;
 pub mod pd;
 pub mod probes;

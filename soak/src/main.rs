@@ -263,11 +263,65 @@ enum Cmd {
         /// residues.json and mappings.json where the run wrote them).
         run_dir: PathBuf,
     },
-    /// Redraw a run's verdict and plots from its samples, optionally against a baseline run.
+    /// Redraw a run's verdict, plots and report.html from its samples, optionally against a
+    /// baseline run (an earlier night): the change of level and slope per metric. Exits with the
+    /// run's verdict code.
     Report {
         run_dir: PathBuf,
+        /// A run directory to compare with (another scenario's is compared where comparable).
         #[arg(long)]
         baseline: Option<PathBuf>,
+    },
+    /// Runs across nights in an SQLite database: add runs, show the trend, check for regressions.
+    History {
+        #[command(subcommand)]
+        cmd: HistoryCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum HistoryCmd {
+    /// Store run directories (header, environment, verdict, per-metric level and slope); a run
+    /// already stored is skipped. All or nothing: every directory is read before any is stored.
+    Add {
+        #[arg(required = true, value_name = "RUN_DIR")]
+        run_dirs: Vec<PathBuf>,
+        /// The database (created if missing).
+        #[arg(long)]
+        db: PathBuf,
+    },
+    /// Print the trend across nights (markdown tables) and write an HTML page of it.
+    Show {
+        #[arg(long)]
+        db: PathBuf,
+        /// Only this scenario.
+        #[arg(long)]
+        scenario: Option<String>,
+        /// Only this metric, night by night (default: every gauge, first and last night).
+        #[arg(long)]
+        metric: Option<String>,
+        /// Only the last N nights of each scenario (0: all).
+        #[arg(long, default_value_t = 0)]
+        last: usize,
+        /// Where to write the HTML page (default: beside the database, DB.html).
+        #[arg(long)]
+        html: Option<PathBuf>,
+    },
+    /// Compare each scenario's latest night with its last N passing nights: exit 1 when a gauge's
+    /// level rose past the tolerance and past all of them, or its slope past the steepest of them
+    /// by more than the run resolves; 4 when no scenario has a passing night to compare with.
+    Check {
+        #[arg(long)]
+        db: PathBuf,
+        /// Only this scenario.
+        #[arg(long)]
+        scenario: Option<String>,
+        /// Passing nights to compare with.
+        #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(1..=365))]
+        last: u64,
+        /// Allowed rise of a gauge's level over the median of those nights, in percent.
+        #[arg(long, default_value_t = 10.0)]
+        level_tolerance_pct: f64,
     },
 }
 
@@ -321,6 +375,30 @@ fn dispatch(cli: Cli) -> u8 {
             // A second handler cannot be installed (selftest children run in their own process).
             let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
             let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-{}", s.name, timestamp())));
+            if profile_window.is_none() {
+                // The profiled replay's child writes into its own directory: only the run itself
+                // records where it ran.
+                let id = plateau_soak::environment::RunIdentity {
+                    version: env!("CARGO_PKG_VERSION"),
+                    commit: env!("PLATEAU_COMMIT"),
+                    source: &s.file,
+                    seed: seed.unwrap_or(s.soak.seed),
+                    backend: if external.target.is_some() {
+                        "external"
+                    } else {
+                        backend.as_deref().unwrap_or(&s.engine.backend)
+                    },
+                    target: external.target.as_deref(),
+                };
+                let env = plateau_soak::environment::collect(&s, &id);
+                let text = serde_json::to_string_pretty(&env).unwrap_or_default() + "\n";
+                if let Err(e) = std::fs::create_dir_all(&out_dir).and_then(|_| {
+                    plateau_soak::analysis::write_atomic(&out_dir.join("environment.json"), text.as_bytes())
+                }) {
+                    eprintln!("plateau: --out {}: {e}", out_dir.display());
+                    return USAGE;
+                }
+            }
             let opts = RunOptions {
                 iterations,
                 duration,
@@ -522,6 +600,7 @@ fn dispatch(cli: Cli) -> u8 {
                 Err(e) => run_error_code(e),
             }
         }
+        Cmd::History { cmd } => history(cmd),
         Cmd::Explain { run_dir } => match plateau_soak::explain::explain(&run_dir) {
             Ok(story) => {
                 print!("{story}");
@@ -649,44 +728,139 @@ fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
             return USAGE;
         }
     };
-    if let Err(e) = write_outputs(run_dir, &s, &v) {
+    let base = match baseline.map(|b| load(b).map(|(samples, verdict)| (b, samples, verdict))).transpose() {
+        Ok(x) => x.map(|(b, samples, verdict)| plateau_soak::analysis::BaselineRun {
+            dir: b.to_path_buf(),
+            samples,
+            verdict,
+        }),
+        Err(e) => {
+            eprintln!("plateau: --baseline: {e}");
+            return USAGE;
+        }
+    };
+    if let Err(e) = plateau_soak::analysis::write_outputs_against(run_dir, &s, &v, base.as_ref()) {
         eprintln!("plateau: {}: cannot write the report: {e}", run_dir.display());
         return USAGE;
     }
     print!("{}", describe(&v));
-    if let Some(b) = baseline {
-        let (_, bv) = match load(b) {
-            Ok(x) => x,
-            Err(e) => {
-                eprintln!("plateau: baseline: {e}");
-                return USAGE;
-            }
-        };
-        println!("{:<32} {:>18} {:>18}", "gauge (slope per iteration)", "baseline", "this run");
-        for m in v.metrics.iter().filter(|m| m.trend.is_some()) {
-            let theirs = bv.metrics.iter().find(|x| x.name == m.name).and_then(|x| x.trend.as_ref());
-            let fmt = |t: Option<&plateau_reports::Trend>| {
-                t.map(|t| format!("{:.1}", t.slope_per_iter)).unwrap_or("-".into())
-            };
-            println!("{:<32} {:>18} {:>18}", m.name, fmt(theirs), fmt(m.trend.as_ref()));
+    if let Some(b) = &base {
+        if b.verdict.scenario != v.scenario {
+            println!(
+                "note: the baseline ran scenario {}, this run {}: only the metrics both have are compared",
+                b.verdict.scenario, v.scenario
+            );
+        }
+        let now = plateau_reports::figures::of_run(&s, &v);
+        let then = plateau_reports::figures::of_run(&b.samples, &b.verdict);
+        println!(
+            "{:<36} {:>14} {:>14} {:>16} {:>16}",
+            "metric (against the baseline)", "level then", "level now", "slope/it then", "slope/it now"
+        );
+        for n in now.iter().filter(|n| n.kind == plateau_reports::Kind::Gauge) {
+            let Some(t) = then.iter().find(|t| t.name == n.name) else { continue };
+            let f = |x: Option<f64>| x.map(|x| plateau_reports::figures::fmt_value(x, &n.unit)).unwrap_or("-".into());
+            println!(
+                "{:<36} {:>14} {:>14} {:>16} {:>16}",
+                n.name,
+                f(t.level),
+                f(n.level),
+                f(t.slope_per_iter),
+                f(n.slope_per_iter)
+            );
         }
     }
+    println!("report: {}", run_dir.join("report.html").display());
     verdict_code(&v)
+}
+
+/// `plateau history ...`: exit 0, 1 (a regression), 2 (bad input), 3 (cannot write), 4 (nothing
+/// to compare).
+fn history(cmd: HistoryCmd) -> u8 {
+    use plateau_soak::history::{self, HistoryError};
+    let code = |e: HistoryError| match e {
+        HistoryError::Input(m) => {
+            eprintln!("plateau: history: {m}");
+            USAGE
+        }
+        HistoryError::Harness(m) => {
+            eprintln!("plateau: history: {m}");
+            HARNESS
+        }
+    };
+    match cmd {
+        HistoryCmd::Add { run_dirs, db } => {
+            let runs = match run_dirs.iter().map(|d| history::store::read_run(d)).collect::<Result<Vec<_>, _>>() {
+                Ok(r) => r,
+                Err(e) => return code(e),
+            };
+            let added = history::open(&db, true)
+                .and_then(|mut c| history::store::add(&mut c, &db, &runs, &plateau_soak::environment::utc_now()));
+            match added {
+                Ok(n) => {
+                    println!("history: {n} runs added to {} ({} already there)", db.display(), runs.len() - n);
+                    PASS
+                }
+                Err(e) => code(e),
+            }
+        }
+        HistoryCmd::Show { db, scenario, metric, last, html } => {
+            let f = history::show::ShowFilter { scenario, metric, last };
+            let page = html.unwrap_or_else(|| db.with_extension("html"));
+            let out = history::open(&db, false).and_then(|c| {
+                let md = history::show::markdown(&c, &db, &f)?;
+                let h = history::show::html(&c, &db, &f)?;
+                Ok((md, h))
+            });
+            match out {
+                Ok((md, h)) => {
+                    print!("{md}");
+                    if let Err(e) = plateau_soak::analysis::write_atomic(&page, h.as_bytes()) {
+                        eprintln!("plateau: history: --html {}: {e}", page.display());
+                        return USAGE;
+                    }
+                    eprintln!("history: page written to {}", page.display());
+                    PASS
+                }
+                Err(e) => code(e),
+            }
+        }
+        HistoryCmd::Check { db, scenario, last, level_tolerance_pct } => {
+            if !(level_tolerance_pct.is_finite() && level_tolerance_pct >= 0.0) {
+                eprintln!(
+                    "plateau: history: --level-tolerance-pct {level_tolerance_pct}: give a percentage of 0 or more"
+                );
+                return USAGE;
+            }
+            let o = history::check::CheckOptions { last: last as usize, level_tolerance_pct };
+            match history::open(&db, false).and_then(|c| history::check::check(&c, &db, scenario.as_deref(), &o)) {
+                Ok(out) => {
+                    for line in &out.compared {
+                        println!("{line}");
+                    }
+                    for line in &out.regressions {
+                        println!("REGRESSION {line}");
+                    }
+                    if !out.regressions.is_empty() {
+                        LEAK
+                    } else if out.groups_judged == 0 {
+                        eprintln!("plateau: history: no scenario has a passing night to compare with: nothing judged");
+                        INCONCLUSIVE
+                    } else {
+                        println!("history: no regression");
+                        PASS
+                    }
+                }
+                Err(e) => code(e),
+            }
+        }
+    }
 }
 
 /// UTC time as YYYYmmdd-HHMMSS, for default run directories.
 fn timestamp() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d) = plateau_soak::environment::civil_from_days(days);
     format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem / 60 % 60, rem % 60)
 }

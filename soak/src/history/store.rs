@@ -1,0 +1,124 @@
+//! `history add`: one row per run and one per metric, all of the given runs in one transaction
+//! (every directory is read and checked before anything is written).
+
+use std::path::{Path, PathBuf};
+
+use plateau_reports::figures::of_run;
+use plateau_reports::{Environment, Samples, Verdict};
+use rusqlite::{params, Connection};
+use sha2::{Digest, Sha256};
+
+use super::{db_err, HistoryError};
+
+/// A run directory read whole.
+pub struct RunRecord {
+    pub dir: PathBuf,
+    pub samples_sha256: String,
+    pub samples: Samples,
+    pub verdict: Verdict,
+    pub environment: Option<Environment>,
+}
+
+/// Reads a run directory: samples.jsonl and verdict.json must be there; environment.json may be.
+pub fn read_run(dir: &Path) -> Result<RunRecord, HistoryError> {
+    let samples_path = dir.join("samples.jsonl");
+    let bytes = std::fs::read(&samples_path).map_err(|e| {
+        HistoryError::Input(format!(
+            "{}: {e} (not a run directory: `plateau run` writes samples.jsonl)",
+            samples_path.display()
+        ))
+    })?;
+    let samples = Samples::parse(&bytes[..], &samples_path).map_err(|e| HistoryError::Input(e.to_string()))?;
+    let verdict_path = dir.join("verdict.json");
+    let text = std::fs::read(&verdict_path).map_err(|e| {
+        HistoryError::Input(format!(
+            "{}: {e} (the run has no verdict: `plateau analyze` writes one)",
+            verdict_path.display()
+        ))
+    })?;
+    let verdict: Verdict = serde_json::from_slice(&text)
+        .map_err(|e| HistoryError::Input(format!("{}: line {}: {e}", verdict_path.display(), e.line())))?;
+    let env_path = dir.join("environment.json");
+    let environment = match std::fs::read(&env_path) {
+        Ok(b) => Some(
+            serde_json::from_slice(&b)
+                .map_err(|e| HistoryError::Input(format!("{}: line {}: {e}", env_path.display(), e.line())))?,
+        ),
+        Err(_) => None,
+    };
+    let samples_sha256 = format!("{:x}", Sha256::digest(&bytes));
+    Ok(RunRecord { dir: dir.to_path_buf(), samples_sha256, samples, verdict, environment })
+}
+
+/// Stores `runs`; returns how many were new (a run already stored is left as it is).
+pub fn add(c: &mut Connection, db: &Path, runs: &[RunRecord], now_utc: &str) -> Result<usize, HistoryError> {
+    let tx = c.transaction().map_err(|e| db_err(db, e))?;
+    let mut added = 0;
+    for r in runs {
+        let v = &r.verdict;
+        let env = r.environment.clone().unwrap_or_default();
+        let field = |s: &str| if s.is_empty() { "unknown".to_string() } else { s.to_string() };
+        let started = if env.started_utc.is_empty() { now_utc.to_string() } else { env.started_utc.clone() };
+        let env_json = r.environment.as_ref().map(|e| serde_json::to_string(e).unwrap_or_default());
+        let n = tx
+            .execute(
+                "INSERT OR IGNORE INTO runs (samples_sha256, added_utc, started_utc, dir, scenario, seed, backend, injections,
+                 iterations, warmup_iterations, verdict, incomplete, summary, commit_id, version, scenario_sha256, host, gpu,
+                 environment_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
+                params![
+                    r.samples_sha256,
+                    now_utc,
+                    started,
+                    r.dir.display().to_string(),
+                    v.scenario,
+                    v.seed as i64,
+                    v.backend,
+                    v.injections.join(","),
+                    v.iterations as i64,
+                    v.warmup_iterations as i64,
+                    v.verdict.as_str(),
+                    v.incomplete,
+                    v.summary,
+                    field(&env.commit),
+                    field(&env.version),
+                    field(&env.scenario_sha256),
+                    field(&env.host),
+                    field(&env.gpu),
+                    env_json,
+                ],
+            )
+            .map_err(|e| db_err(db, e))?;
+        if n == 0 {
+            continue;
+        }
+        added += 1;
+        let id = tx.last_insert_rowid();
+        let mut stmt = tx
+            .prepare_cached(
+                "INSERT INTO metrics (run_id, name, kind, unit, status, level, slope_per_iter, resolution_per_iter)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )
+            .map_err(|e| db_err(db, e))?;
+        for m in of_run(&r.samples, v) {
+            let resolution = v
+                .metrics
+                .iter()
+                .find(|x| x.name == m.name)
+                .and_then(|x| x.trend.as_ref())
+                .map(|t| t.resolution_per_iter);
+            stmt.execute(params![
+                id,
+                m.name,
+                m.kind.as_str(),
+                m.unit,
+                m.status.map(|s| s.as_str()),
+                m.level,
+                m.slope_per_iter,
+                resolution
+            ])
+            .map_err(|e| db_err(db, e))?;
+        }
+    }
+    tx.commit().map_err(|e| db_err(db, e))?;
+    Ok(added)
+}

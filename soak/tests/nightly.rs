@@ -1,0 +1,146 @@
+//! The nightly job's side of plateau: report.html and environment.json of every run, the report
+//! against a baseline, and the history of runs across nights (add, show, check), with their bad
+//! inputs.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+mod common;
+use common::plateau;
+
+fn tmp(name: &str) -> PathBuf {
+    common::tmp("nightly", name)
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// A run directory judged from a synthetic series: one gauge at `level` bytes, growing `slope`
+/// bytes per iteration, over 100 quiescent iterations; `plateau analyze` writes its verdict.
+fn night(root: &Path, name: &str, scenario: &str, level: f64, slope: f64) -> PathBuf {
+    let d = root.join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    let mut t = format!(
+        "{{\"schema\":\"plateau.samples.v1\",\"scenario\":\"{scenario}\",\"seed\":0,\"backend\":\"cpu\",\"metrics\":{{\"heap.bytes\":{{\"kind\":\"gauge\",\"unit\":\"bytes\"}}}}}}\n"
+    );
+    for i in 1..=100u64 {
+        // A little deterministic noise, so that the trend test has a spread to judge.
+        let noise = ((i * 7919) % 13) as f64 * 8.0;
+        t.push_str(&format!(
+            "{{\"t\":{},\"iter\":{i},\"quiescent\":true,\"values\":{{\"heap.bytes\":{}}}}}\n",
+            i as f64 * 0.1,
+            level + slope * i as f64 + noise
+        ));
+    }
+    std::fs::write(d.join("samples.jsonl"), t).unwrap();
+    let o = plateau(&["analyze", s(&d.join("samples.jsonl"))]);
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", text(&o));
+    d
+}
+
+#[test]
+fn a_short_run_is_judged_and_writes_its_report_and_environment() {
+    let d = tmp("short");
+    // 60 iterations: the purge cadence gives the page-level gauges their 20 points after warm-up.
+    let o = plateau(&["run", "n-sampling", "--iterations", "60", "--quiet", "--out", s(&d)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let html = std::fs::read_to_string(d.join("report.html")).expect("report.html");
+    assert!(html.len() < 2 * 1024 * 1024, "report.html is {} bytes", html.len());
+    assert!(
+        !html.contains("src=\"http") && !html.contains("href=\"http") && !html.contains("<script"),
+        "report.html loads or runs something"
+    );
+    assert!(html.contains("<svg") && html.contains("PASS: n-sampling"), "no plots or no verdict in report.html");
+    let env: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("environment.json")).unwrap()).unwrap();
+    assert_eq!(env["schema"], "plateau.environment.v1");
+    assert_eq!(env["scenario_source"], "shipped:n-sampling");
+    assert_eq!(env["scenario_sha256"].as_str().map(str::len), Some(64));
+    assert!(env["gpu"].as_str().is_some_and(|g| !g.is_empty()));
+}
+
+#[test]
+fn the_report_compares_with_a_baseline_and_says_when_it_is_another_scenario() {
+    let root = tmp("baseline");
+    let a = night(&root, "a", "alpha", 1_000_000.0, 0.0);
+    let b = night(&root, "b", "beta", 1_500_000.0, 0.0);
+    let o = plateau(&["report", s(&b), "--baseline", s(&a)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("the baseline ran scenario alpha, this run beta"), "{}", text(&o));
+    let html = std::fs::read_to_string(b.join("report.html")).unwrap();
+    assert!(html.contains("Against the baseline") && html.contains("+50.0%"), "no level change in the report");
+    let o = plateau(&["report", s(&b), "--baseline", s(&root.join("missing"))]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--baseline") && text(&o).contains("missing"), "{}", text(&o));
+}
+
+#[test]
+fn history_keeps_nights_shows_their_trend_and_checks_the_latest() {
+    let root = tmp("history");
+    let db = root.join("h.db");
+    let nights: Vec<PathBuf> =
+        (0..4).map(|k| night(&root, &format!("n{k}"), "soak", 1_000_000.0 + k as f64 * 1000.0, 0.0)).collect();
+    let refs: Vec<&str> = nights.iter().map(|p| s(p)).collect();
+    // Nothing before the first night: nothing is judged, and check says so (exit 4).
+    let o = plateau(&["history", "add", refs[0], "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = plateau(&["history", "check", "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    let mut args = vec!["history", "add"];
+    args.extend(&refs[1..]);
+    args.extend(["--db", s(&db)]);
+    let o = plateau(&args);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("3 runs added"), "{}", text(&o));
+    // The same run again is stored once.
+    let o = plateau(&["history", "add", refs[1], "--db", s(&db)]);
+    assert!(text(&o).contains("0 runs added") && text(&o).contains("1 already there"), "{}", text(&o));
+    let o = plateau(&["history", "check", "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(0), "a level within 0.3% of its nights regressed: {}", text(&o));
+    // A night whose level jumped by half, and one whose heap now grows.
+    let jump = night(&root, "jump", "soak", 1_500_000.0, 0.0);
+    let o = plateau(&["history", "add", s(&jump), "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = plateau(&["history", "check", "--db", s(&db), "--last", "3"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("REGRESSION soak: heap.bytes level"), "{}", text(&o));
+    let o = plateau(&["history", "show", "--db", s(&db), "--metric", "heap.bytes"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("### soak: 5 nights") && text(&o).contains("1.4 MiB"), "{}", text(&o));
+    let page = std::fs::read_to_string(root.join("h.html")).expect("history page beside the database");
+    assert!(page.contains("<polyline") && !page.contains("<script"));
+    let o = plateau(&["history", "show", "--db", s(&db), "--scenario", "nope"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+#[test]
+fn history_refuses_what_it_cannot_read_and_writes_nothing_half() {
+    let root = tmp("history-bad");
+    let db = root.join("h.db");
+    let good = night(&root, "good", "soak", 1000.0, 0.0);
+    let bare = root.join("bare");
+    std::fs::create_dir_all(&bare).unwrap();
+    std::fs::copy(good.join("samples.jsonl"), bare.join("samples.jsonl")).unwrap();
+    // All or nothing: the good run is not stored when another directory has no verdict.
+    let o = plateau(&["history", "add", s(&good), s(&bare), "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("bare/verdict.json"), "{}", text(&o));
+    let o = plateau(&["history", "show", "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(2), "a database appeared from a failed add: {}", text(&o));
+    let o = plateau(&["history", "add", s(&root.join("none")), "--db", s(&db)]);
+    assert!(o.status.code() == Some(2) && text(&o).contains("samples.jsonl"), "{}", text(&o));
+    let junk = root.join("junk.db");
+    std::fs::write(&junk, b"this is not sqlite, not at all, and long enough to have a header").unwrap();
+    let o = plateau(&["history", "show", "--db", s(&junk)]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("junk.db"), "{}", text(&o));
+    let o = plateau(&["history", "add", s(&good), "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = plateau(&["history", "show", "--db", s(&db), "--html", "/nonexistent-dir/h.html"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(!Path::new("/nonexistent-dir").exists());
+}
