@@ -13,6 +13,7 @@ pub mod plan;
 pub mod regions;
 pub mod report;
 pub mod section;
+pub mod shards;
 pub mod spec;
 pub mod trace;
 

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use plateau_engine::{Injection, Injections};
 use plateau_sim::faults::Profile;
+use plateau_sim::shards::SweepIdentity;
 use plateau_sim::spec::{default_scenario, parse_seeds, parse_shard, ModelKind, RunSpec};
 use plateau_spec::scenario::Scenario;
 
@@ -54,8 +55,21 @@ enum Command {
         /// Also print a line for every passing seed.
         #[arg(long)]
         verbose: bool,
+        /// Write the shard's result here (JSON) for `plateau-sim merge`.
+        #[arg(long, value_name = "FILE")]
+        out: Option<std::path::PathBuf>,
         #[command(flatten)]
         run: RunArgs,
+    },
+    /// Join the results of a sharded sweep (`sweep --shard I/N --out FILE`, one file per shard)
+    /// into one summary with the failing seeds and their replay commands. Refuses shards of
+    /// different sweeps, a shard given twice and a missing one. Exit 1 when a seed failed.
+    Merge {
+        #[arg(required = true, value_name = "SHARD_FILE")]
+        files: Vec<std::path::PathBuf>,
+        /// Also write GitHub job-summary markdown here.
+        #[arg(long, value_name = "FILE")]
+        summary_md: Option<std::path::PathBuf>,
     },
     /// Rerun one seed; print its result and trace hash, and write its event trace with --trace.
     Replay {
@@ -69,6 +83,25 @@ enum Command {
     },
     /// List the fault profiles.
     ListFaults,
+}
+
+/// The run arguments as given, as a replay command line takes them.
+fn run_args(a: &RunArgs) -> String {
+    let mut out = Vec::new();
+    if let Some(s) = &a.scenario {
+        out.push(format!("--scenario {s}"));
+    }
+    if let Some(f) = &a.faults {
+        out.push(format!("--faults {f}"));
+    }
+    out.extend(a.inject.iter().map(|i| format!("--inject {i}")));
+    if a.model != "hash" {
+        out.push(format!("--model {}", a.model));
+    }
+    if let Some(n) = a.iterations {
+        out.push(format!("--iterations {n}"));
+    }
+    out.join(" ")
 }
 
 fn spec(a: &RunArgs) -> Result<RunSpec, String> {
@@ -100,17 +133,33 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::Sweep { seeds, shard, verbose, run } => {
+        Command::Sweep { seeds, shard, verbose, out, run } => {
             let parsed = (|| {
                 let seeds = parse_seeds(&seeds)?;
                 let shard = shard.as_deref().map(parse_shard).transpose()?;
                 Ok::<_, String>((seeds, shard, spec(&run)?))
             })();
             match parsed {
-                Ok((seeds, shard, spec)) => sweep(seeds, shard, &spec, verbose),
+                Ok((seeds, shard, spec)) => {
+                    // An output that cannot be written is found before the sweep, not after it.
+                    if let Some(o) = &out {
+                        let tmp = o.with_extension("json.tmp");
+                        if let Err(e) = std::fs::write(&tmp, b"").and_then(|_| std::fs::remove_file(&tmp)) {
+                            return usage(&format!("--out {}: {e}", o.display()));
+                        }
+                    }
+                    let identity = SweepIdentity {
+                        seeds_start: seeds.start,
+                        seeds_end: seeds.end,
+                        shard_count: shard.map_or(1, |s| s.1),
+                        run_args: run_args(&run),
+                    };
+                    sweep(seeds, shard, &spec, verbose, out.map(|o| (o, identity)))
+                }
                 Err(e) => usage(&e),
             }
         }
+        Command::Merge { files, summary_md } => merge(&files, summary_md.as_deref()),
         Command::Replay { seed, trace, run } => match spec(&run) {
             Ok(spec) => replay(seed, trace, &spec),
             Err(e) => usage(&e),
@@ -123,8 +172,45 @@ fn usage(e: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// Where a sweep writes its shard record, and which sweep it is part of.
+type ShardOut = Option<(std::path::PathBuf, SweepIdentity)>;
+
+fn merge(files: &[std::path::PathBuf], summary_md: Option<&std::path::Path>) -> ExitCode {
+    use plateau_sim::shards;
+    let records = match files
+        .iter()
+        .map(|f| shards::read(f).map(|r| (f.display().to_string(), r)))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(r) => r,
+        Err(e) => return usage(&e),
+    };
+    let merged = match shards::merge(&records) {
+        Ok(m) => m,
+        Err(e) => return usage(&e),
+    };
+    print!("{}", merged.text());
+    if let Some(p) = summary_md {
+        use std::io::Write;
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .and_then(|mut f| f.write_all(merged.markdown().as_bytes()));
+        if let Err(e) = written {
+            eprintln!("plateau-sim: --summary-md {}: {e}", p.display());
+            return ExitCode::from(2);
+        }
+    }
+    if merged.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
 #[cfg(not(madsim))]
-fn sweep(_: std::ops::Range<u64>, _: Option<(u64, u64)>, _: &RunSpec, _: bool) -> ExitCode {
+fn sweep(_: std::ops::Range<u64>, _: Option<(u64, u64)>, _: &RunSpec, _: bool, _: ShardOut) -> ExitCode {
     not_simulation()
 }
 
@@ -139,12 +225,19 @@ fn not_simulation() -> ExitCode {
 }
 
 #[cfg(madsim)]
-fn sweep(seeds: std::ops::Range<u64>, shard: Option<(u64, u64)>, spec: &RunSpec, verbose: bool) -> ExitCode {
+fn sweep(
+    seeds: std::ops::Range<u64>,
+    shard: Option<(u64, u64)>,
+    spec: &RunSpec,
+    verbose: bool,
+    out: ShardOut,
+) -> ExitCode {
     use std::io::Write;
     let start = std::time::Instant::now();
     let (mut runs, mut failed, mut requests, mut sim_ms) = (0u64, 0u64, 0u64, 0u64);
     let mut first_fail = None;
-    for seed in seeds.clone().filter(|s| shard.is_none_or(|(i, n)| s % n == i)) {
+    let mut failed_seeds = Vec::new();
+    for seed in plateau_sim::shards::shard_seeds(seeds.clone(), shard) {
         let r = plateau_sim::runner::run_seed(spec, seed, false);
         runs += 1;
         requests += r.requests.finished + r.requests.aborted + r.requests.failed;
@@ -152,6 +245,7 @@ fn sweep(seeds: std::ops::Range<u64>, shard: Option<(u64, u64)>, spec: &RunSpec,
         if !r.passed() {
             failed += 1;
             first_fail.get_or_insert(seed);
+            failed_seeds.push(plateau_sim::shards::FailedSeed { seed, line: r.line() });
         }
         if !r.passed() || verbose {
             println!("{}", r.line());
@@ -173,6 +267,24 @@ fn sweep(seeds: std::ops::Range<u64>, shard: Option<(u64, u64)>, spec: &RunSpec,
         requests as f64 / wall.max(1e-9),
         sim_ms as f64 / 1000.0 / wall.max(1e-9),
     );
+    if let Some((path, sweep)) = out {
+        let record = plateau_sim::shards::ShardRecord {
+            schema: plateau_sim::shards::SHARD_SCHEMA.into(),
+            sweep,
+            shard_index: shard.map_or(0, |s| s.0),
+            seeds_run: runs,
+            failed: failed_seeds,
+            requests,
+            sim_ms,
+            wall_s: wall,
+        };
+        let text = serde_json::to_string_pretty(&record).unwrap_or_default() + "\n";
+        let tmp = path.with_extension("json.tmp");
+        if let Err(e) = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &path)) {
+            eprintln!("plateau-sim: --out {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    }
     if failed > 0 {
         ExitCode::from(1)
     } else {
