@@ -44,3 +44,7 @@ gpu-bin:
 
 generate *ARGS:
     cargo run --release -p plateau-engine --example generate -- {{ARGS}}
+
+# A run's report.html in headless Chromium at desktop and phone widths: just report-check runs/<run>/report.html
+report-check REPORT:
+    bash scripts/report-check.sh {{REPORT}}

@@ -164,6 +164,7 @@ where
         .x_labels(5)
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_labels(4)
+        .y_label_formatter(&|y| if y.fract().abs() < 1e-9 { format!("{y:.0}") } else { format!("{y:.2}") })
         .y_desc(y_desc)
         .label_style(("sans-serif", 12))
         .draw()

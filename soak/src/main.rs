@@ -307,19 +307,20 @@ enum HistoryCmd {
         #[arg(long)]
         html: Option<PathBuf>,
     },
-    /// Compare each scenario's latest night with its last N passing nights: exit 1 when a gauge's
-    /// level rose past the tolerance and past all of them, or its slope past the steepest of them
-    /// by more than the run resolves; 4 when no scenario has a passing night to compare with.
+    /// Compare each scenario's latest night with its passing nights: exit 1 when a gauge's level
+    /// rose more than the tolerance above the highest passing night stored, or its slope past the
+    /// steepest of the last N by more than the run resolves; 4 when no scenario has a passing
+    /// night to compare with.
     Check {
         #[arg(long)]
         db: PathBuf,
         /// Only this scenario.
         #[arg(long)]
         scenario: Option<String>,
-        /// Passing nights to compare with.
+        /// Passing nights whose slopes the latest is compared with.
         #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(1..=365))]
         last: u64,
-        /// Allowed rise of a gauge's level over the median of those nights, in percent.
+        /// Allowed rise of a gauge's level above the highest passing night stored, in percent.
         #[arg(long, default_value_t = 10.0)]
         level_tolerance_pct: f64,
     },

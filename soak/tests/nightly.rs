@@ -144,3 +144,23 @@ fn history_refuses_what_it_cannot_read_and_writes_nothing_half() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(!Path::new("/nonexistent-dir").exists());
 }
+
+#[test]
+fn a_level_that_steps_between_nights_is_not_a_regression_once_both_steps_are_stored() {
+    // jemalloc.metadata sits at 1.54 or 2.07 MB from run to run with nothing changed (a 512 KiB
+    // base block): the range of every stored passing night holds such a step.
+    let root = tmp("history-steps");
+    let db = root.join("h.db");
+    for (k, level) in [1_544_000.0, 2_068_000.0, 1_544_000.0, 1_544_000.0, 2_068_000.0].into_iter().enumerate() {
+        // (+k: each night its own samples, or the history stores it once.)
+        let d = night(&root, &format!("n{k}"), "soak", level + k as f64, 0.0);
+        let o = plateau(&["history", "add", s(&d), "--db", s(&db)]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    }
+    let o = plateau(&["history", "check", "--db", s(&db), "--last", "2"]);
+    assert_eq!(o.status.code(), Some(0), "a step seen before was called a regression: {}", text(&o));
+    let d = night(&root, "high", "soak", 2_600_000.0, 0.0);
+    plateau(&["history", "add", s(&d), "--db", s(&db)]);
+    let o = plateau(&["history", "check", "--db", s(&db), "--last", "2"]);
+    assert_eq!(o.status.code(), Some(1), "a level past every stored night passed: {}", text(&o));
+}
