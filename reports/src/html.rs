@@ -104,9 +104,9 @@ pub fn report_html(r: &ReportInput) -> Result<String, String> {
     );
     let cls = status_class(Some(v.verdict));
     let inj = if v.injections.is_empty() { String::new() } else { format!(", injected: {}", v.injections.join(", ")) };
-    let _ = write!(
+    let _ = writeln!(
         h,
-        "<header class=\"v {cls}\"><h1>{}</h1><p class=\"story\">{}{}</p><p class=\"story\" style=\"font-size:.9em;opacity:.9\">{} iterations ({} warm-up), {} samples, backend {}{}</p></header>\n",
+        "<header class=\"v {cls}\"><h1>{}</h1><p class=\"story\">{}{}</p><p class=\"story\" style=\"font-size:.9em;opacity:.9\">{} iterations ({} warm-up), {} samples, backend {}{}</p></header>",
         escape(&title),
         escape(&v.summary),
         if v.incomplete { " <b>(incomplete: the run was cut short)</b>" } else { "" },
@@ -157,9 +157,9 @@ fn unjudged(h: &mut String, v: &Verdict) {
 fn metrics(h: &mut String, r: &ReportInput) -> Result<(), String> {
     let v = r.verdict;
     let ps = panels(r.samples, v, |_, _| true);
-    let _ = write!(
+    let _ = writeln!(
         h,
-        "<h2>Metrics ({})</h2><p class=\"legend\">One plot per metric on its own axis, against the iteration at quiescent points. Shaded: warm-up (not judged). Red line: the fitted slope of a failing metric; green: of a passing one. Grey line: a bounded metric's capacity. Counters are not plotted.</p><div class=\"grid\">\n",
+        "<h2>Metrics ({})</h2><p class=\"legend\">One plot per metric on its own axis, against the iteration at quiescent points. Shaded: warm-up (not judged). Red line: the fitted slope of a failing metric; green: of a passing one. Grey line: a bounded metric's capacity. Counters are not plotted.</p><div class=\"grid\">",
         ps.len()
     );
     for p in &ps {
@@ -198,9 +198,9 @@ fn metrics(h: &mut String, r: &ReportInput) -> Result<(), String> {
                 let _ = write!(h, "<p>{}</p>", lines.join("<br>"));
             }
         }
-        let _ = write!(h, "</figure>\n");
+        let _ = writeln!(h, "</figure>");
     }
-    let _ = write!(h, "</div>\n");
+    let _ = writeln!(h, "</div>");
     Ok(())
 }
 

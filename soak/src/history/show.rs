@@ -263,7 +263,7 @@ svg.spark{width:220px;height:36px;display:block}code{overflow-wrap:anywhere}</st
                 last(&t.slopes)
             );
         }
-        let _ = write!(h, "</table></div>\n");
+        let _ = writeln!(h, "</table></div>");
     }
     h.push_str("</main></body></html>\n");
     Ok(h)
