@@ -322,11 +322,11 @@ mod tests {
 
     fn samples(scenario: &str) -> Samples {
         let mut t = format!(
-            "{{\"schema\":\"plateau.samples.v1\",\"scenario\":\"{scenario}\",\"seed\":3,\"backend\":\"cpu\",\"metrics\":{{\"a.flat\":{{\"kind\":\"gauge\",\"unit\":\"bytes\"}},\"z.leak\":{{\"kind\":\"gauge\",\"unit\":\"count\"}}}}}}\n"
+            "{{\"schema\":\"plateau.samples.v1\",\"scenario\":\"{scenario}\",\"seed\":3,\"backend\":\"cpu\",\"metrics\":{{\"a.flat\":{{\"kind\":\"gauge\",\"unit\":\"bytes\"}},\"m.mid\":{{\"kind\":\"gauge\",\"unit\":\"bytes\"}},\"z.leak\":{{\"kind\":\"gauge\",\"unit\":\"count\"}}}}}}\n"
         );
         for i in 1..=50 {
             t.push_str(&format!(
-                "{{\"t\":{i},\"iter\":{i},\"quiescent\":true,\"values\":{{\"a.flat\":4096,\"z.leak\":{i}}}}}\n"
+                "{{\"t\":{i},\"iter\":{i},\"quiescent\":true,\"values\":{{\"a.flat\":4096,\"m.mid\":8192,\"z.leak\":{i}}}}}\n"
             ));
         }
         Samples::parse(t.as_bytes(), std::path::Path::new("s.jsonl")).unwrap()
@@ -383,7 +383,11 @@ mod tests {
             seconds_per_iter: None,
             tolerance: String::new(),
             warnings: vec![],
-            metrics: vec![metric("a.flat", "bytes", Status::Pass, 0.0), metric("z.leak", "count", Status::Fail, 1.0)],
+            metrics: vec![
+                MetricVerdict { first_iter: Some(30), ..metric("a.flat", "bytes", Status::Fail, 0.0) },
+                metric("m.mid", "bytes", Status::Pass, 0.0),
+                metric("z.leak", "count", Status::Fail, 1.0),
+            ],
         }
     }
 
@@ -401,14 +405,16 @@ mod tests {
         .unwrap();
         let at = |needle: &str| page.find(needle).unwrap_or_else(|| panic!("no `{needle}` in the page"));
         assert!(at("FAIL: n-sampling (seed 3)") < at("<b>z.leak</b>"), "the verdict is not first");
-        assert!(at("<b>z.leak</b>") < at("<b>a.flat</b>"), "the failing metric is not first");
+        // Failing first, the earliest conclusive (iteration 25) before the later one (30).
+        assert!(at("<b>z.leak</b>") < at("<b>a.flat</b>"), "the earliest failure is not first");
+        assert!(at("<b>a.flat</b>") < at("<b>m.mid</b>"), "a passing metric comes before a failing one");
         assert!(page.contains("z.leak &lt;reason&gt;"), "text is not escaped");
         assert!(page.contains("baseline ran scenario <b>mixed</b>"), "another scenario's baseline is not said");
         assert!(page.contains(
             "Replay: <code>plateau run n-sampling --seed 3 --iterations 50 --inject registry-retains-finished</code>"
         ));
         assert!(page.contains("No environment.json"));
-        assert_eq!(page.matches("<svg").count(), 2, "one plot per metric");
+        assert_eq!(page.matches("<svg").count(), 3, "one plot per metric");
         for bad in ["<script", "src=\"http", "href=\"http", "@import", "url("] {
             assert!(!page.contains(bad), "the page has `{bad}`");
         }

@@ -49,6 +49,9 @@ pub struct Panel {
     pub fit: Option<[(f64, f64); 2]>,
     pub slope_per_iter: Option<f64>,
     pub capacity: Option<u64>,
+    /// The iteration its failure became conclusive at: among failing panels the earliest comes
+    /// first (a registry that leaks from iteration 1 before the heap that grows with it).
+    pub first_iter: Option<u64>,
 }
 
 impl Panel {
@@ -73,7 +76,8 @@ impl Panel {
     }
 }
 
-/// The panels of every metric `pick` takes (never counters), in report order: failing first.
+/// The panels of every metric `pick` takes (never counters), in report order: failing first,
+/// earliest conclusive first among them.
 pub fn panels(s: &Samples, v: &Verdict, pick: impl Fn(Kind, &str) -> bool) -> Vec<Panel> {
     let mut out: Vec<Panel> = s
         .names
@@ -107,10 +111,16 @@ pub fn panels(s: &Samples, v: &Verdict, pick: impl Fn(Kind, &str) -> bool) -> Ve
                 fit,
                 slope_per_iter: slope,
                 capacity: spec.capacity,
+                first_iter: m.filter(|m| m.status == Status::Fail).and_then(|m| m.first_iter),
             })
         })
         .collect();
-    out.sort_by(|a, b| report_rank(a.status).cmp(&report_rank(b.status)).then_with(|| a.name.cmp(&b.name)));
+    out.sort_by(|a, b| {
+        report_rank(a.status)
+            .cmp(&report_rank(b.status))
+            .then_with(|| a.first_iter.unwrap_or(u64::MAX).cmp(&b.first_iter.unwrap_or(u64::MAX)))
+            .then_with(|| a.name.cmp(&b.name))
+    });
     out
 }
 
