@@ -286,12 +286,13 @@ enum HistoryCmd {
     Add {
         #[arg(required = true, value_name = "RUN_DIR")]
         run_dirs: Vec<PathBuf>,
-        /// The database (created if missing).
+        /// The history database, SQLite (created if missing).
         #[arg(long)]
         db: PathBuf,
     },
     /// Print the trend across nights (markdown tables) and write an HTML page of it.
     Show {
+        /// The history database, SQLite.
         #[arg(long)]
         db: PathBuf,
         /// Only this scenario.
@@ -312,6 +313,7 @@ enum HistoryCmd {
     /// steepest of the last N by more than the run resolves; 4 when no scenario has a passing
     /// night to compare with.
     Check {
+        /// The history database, SQLite.
         #[arg(long)]
         db: PathBuf,
         /// Only this scenario.
