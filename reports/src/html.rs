@@ -165,17 +165,8 @@ fn metrics(h: &mut String, r: &ReportInput) -> Result<(), String> {
     for p in &ps {
         let m = v.metrics.iter().find(|m| m.name == p.name);
         let cls = status_class(p.status);
-        let badge = match p.status {
-            Some(Status::Fail) => "FAIL",
-            Some(Status::Inconclusive) => "not judged",
-            Some(Status::Warn) => "warn",
-            Some(Status::Pass) => "pass",
-            None => "shown only",
-        };
-        let slope = p
-            .slope_per_iter
-            .map(|s| format!(" · {}{}/iteration", if s >= 0.0 { "+" } else { "" }, fmt_value(s, &p.unit)))
-            .unwrap_or_default();
+        let badge = p.status_word();
+        let slope = p.slope_text().map(|t| format!(" · {t}")).unwrap_or_default();
         let _ = write!(
             h,
             "<figure class=\"{cls}\"><figcaption><b>{}</b> <span class=\"badge {cls}\">{badge}</span> {}{slope}",

@@ -55,23 +55,28 @@ pub struct Panel {
 }
 
 impl Panel {
-    /// `name: FAIL, +2.0 KiB/iteration` (what a reader needs beside the lines).
-    pub fn caption(&self) -> String {
-        let status = match self.status {
+    /// The status as the panel shows it.
+    pub fn status_word(&self) -> &'static str {
+        match self.status {
             Some(Status::Fail) => "FAIL",
             Some(Status::Inconclusive) => "not judged",
             Some(Status::Warn) => "warn",
             Some(Status::Pass) => "pass",
             None => "shown only",
-        };
-        match self.slope_per_iter {
-            Some(s) => format!(
-                "{}: {status}, {}{}/iteration",
-                self.name,
-                if s >= 0.0 { "+" } else { "" },
-                fmt_value(s, &self.unit)
-            ),
-            None => format!("{}: {status}", self.name),
+        }
+    }
+
+    /// The fitted slope, signed, `+2.0 KiB/iteration` (gauges only).
+    pub fn slope_text(&self) -> Option<String> {
+        self.slope_per_iter
+            .map(|s| format!("{}{}/iteration", if s >= 0.0 { "+" } else { "" }, fmt_value(s, &self.unit)))
+    }
+
+    /// `name: FAIL, +2.0 KiB/iteration` (what a reader needs beside the lines).
+    pub fn caption(&self) -> String {
+        match self.slope_text() {
+            Some(slope) => format!("{}: {}, {slope}", self.name, self.status_word()),
+            None => format!("{}: {}", self.name, self.status_word()),
         }
     }
 }

@@ -66,12 +66,18 @@ fn gpu() -> String {
     }
 }
 
-/// UTC now as `2026-12-01T01:33:33Z`.
-pub fn utc_now() -> String {
+/// UTC now as (year, month, day, hour, minute, second).
+pub fn utc_now_parts() -> (i64, i64, i64, u64, u64, u64) {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     let (y, m, d) = civil_from_days(days);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    (y, m, d, rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// UTC now as `2026-12-01T01:33:33Z`.
+pub fn utc_now() -> String {
+    let (y, m, d, hh, mm, ss) = utc_now_parts();
+    format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z")
 }
 
 /// Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).

@@ -862,8 +862,6 @@ fn history(cmd: HistoryCmd) -> u8 {
 
 /// UTC time as YYYYmmdd-HHMMSS, for default run directories.
 fn timestamp() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    let (y, m, d) = plateau_soak::environment::civil_from_days(days);
-    format!("{y:04}{m:02}{d:02}-{:02}{:02}{:02}", rem / 3600, rem / 60 % 60, rem % 60)
+    let (y, m, d, hh, mm, ss) = plateau_soak::environment::utc_now_parts();
+    format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}")
 }
