@@ -31,7 +31,7 @@ pub use config::EngineConfig;
 pub use engine::Engine;
 pub use error::EngineError;
 pub use inject::{Injection, Injections};
-pub use metrics::IdleViolation;
+pub use metrics::{IdleViolation, REQUESTS_ADDED};
 pub use model::backend::Backend;
 pub use model::config::{ModelConfig, VisionConfig};
 pub use model::cpu::CpuBackend;

@@ -43,6 +43,10 @@ pub(crate) struct Sources<'a> {
     pub counters: &'a Counters,
 }
 
+/// The counter of requests added to this engine: the work a per-request tolerance and cost are
+/// measured in. Samples writers declare it by role, so readers never search for it by name.
+pub const REQUESTS_ADDED: &str = "engine.requests_added";
+
 /// Every registry, the KV pool by state, the backend's memory and the counters.
 pub(crate) fn stats(s: &Sources) -> Vec<Metric> {
     let mut m: Vec<Metric> = s.book.metrics().collect();
@@ -63,7 +67,7 @@ pub(crate) fn stats(s: &Sources) -> Vec<Metric> {
     let c = s.counters;
     for (name, v) in [
         ("engine.steps", c.steps),
-        ("engine.requests_added", c.requests_added),
+        (REQUESTS_ADDED, c.requests_added),
         ("engine.requests_finished", c.requests_finished),
         ("engine.requests_aborted", c.requests_aborted),
         ("engine.requests_failed", c.requests_failed),

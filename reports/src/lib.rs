@@ -11,5 +11,7 @@ pub mod samples;
 pub mod verdict;
 
 pub use env::{Environment, ENVIRONMENT_SCHEMA};
-pub use samples::{Header, Kind, MetricSpec, Row, SampleLine, Samples, SamplesError, SAMPLES_SCHEMA, UNITS};
+pub use samples::{
+    Header, Kind, MetricSpec, Row, SampleLine, Samples, SamplesError, ROLE_REQUESTS, SAMPLES_SCHEMA, UNITS,
+};
 pub use verdict::{MetricVerdict, Projection, Site, Status, Trend, Verdict, VERDICT_SCHEMA};

@@ -58,11 +58,25 @@ pub struct MetricSpec {
     /// the detector never calls growth smaller than a few quanta a trend. plateau's own field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quantum: Option<f64>,
+    /// The gauge that bounds this one from above, where the writer knows it: the file-backed
+    /// pages a process has resident (`proc.rss_file`) live inside its file mappings
+    /// (`proc.file_bytes`). Growth under a bound that does not itself grow is pages brought in,
+    /// not memory taken. plateau's own field; the detector knows the v1 families' bounds without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<String>,
+    /// What the metric is to the detector beyond its kind: `requests` marks the counter of
+    /// requests the workload sent (per-request tolerances and costs are computed from it).
+    /// plateau's own field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
 }
+
+/// The role of the counter of requests sent (see [`MetricSpec::role`]).
+pub const ROLE_REQUESTS: &str = "requests";
 
 impl MetricSpec {
     pub fn new(kind: Kind, unit: &str) -> MetricSpec {
-        MetricSpec { kind, unit: unit.to_string(), capacity: None, quantum: None }
+        MetricSpec { kind, unit: unit.to_string(), capacity: None, quantum: None, within: None, role: None }
     }
 }
 

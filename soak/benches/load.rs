@@ -46,7 +46,7 @@ fn request(id: u64, n: u32, max_tokens: u32) -> Request {
 fn load(c: &mut Criterion) {
     let url = start_server();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let client = rt.block_on(Client::connect(&url, Duration::from_secs(60))).unwrap();
+    let client = rt.block_on(Client::connect(&url, Duration::from_secs(60), Duration::from_secs(60))).unwrap();
     let mut g = c.benchmark_group("load_generator");
     g.throughput(Throughput::Elements(BATCH as u64));
     g.sample_size(20);

@@ -38,7 +38,7 @@ pub fn judge_file(samples: &Path, o: &JudgeOptions) -> Result<(Samples, Verdict)
     let mut v = analyze(&s, &cfg, o.incomplete || earlier_incomplete);
     if o.tolerance_explicit && v.requests_per_iter.is_none() && cfg.tolerance.per == Per::Request {
         return Err(format!(
-            "--tolerance {}: {} counts no requests (no `requests_added` counter), so a tolerance per request cannot be applied; give it per iteration",
+            "--tolerance {}: {} counts no requests (no counter with the role `requests` in its header), so a tolerance per request cannot be applied; give it per iteration",
             cfg.tolerance,
             samples.display()
         ));

@@ -116,7 +116,8 @@ struct ExternalArgs {
     /// Requests in flight at most.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096), help_heading = "External target")]
     concurrency: u64,
-    /// Seconds a spawned server may take to answer.
+    /// Seconds the server may take to answer `GET /v1/models` (a spawned one: to start and
+    /// answer); past it the run stops with exit 3.
     #[arg(long, default_value_t = 600, help_heading = "External target")]
     ready_timeout_s: u64,
     /// Milliseconds to wait, after the last request, for the server's in-flight gauges to read zero.
@@ -378,6 +379,9 @@ fn dispatch(cli: Cli) -> u8 {
             // A second handler cannot be installed (selftest children run in their own process).
             let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
             let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-{}", s.name, timestamp())));
+            // A run refused for bad input leaves no directory of its own behind (`history add
+            // runs/*` must keep working); a directory the user named and that existed stays.
+            let fresh_dir = !out_dir.exists();
             if profile_window.is_none() {
                 // The profiled replay's child writes into its own directory: only the run itself
                 // records where it ran.
@@ -402,6 +406,7 @@ fn dispatch(cli: Cli) -> u8 {
                     return USAGE;
                 }
             }
+            let opts_out_dir = out_dir.clone();
             let opts = RunOptions {
                 iterations,
                 duration,
@@ -499,7 +504,12 @@ fn dispatch(cli: Cli) -> u8 {
                         verdict_code(&r.verdict)
                     }
                 }
-                Err(e) => run_error_code(e),
+                Err(e) => {
+                    if fresh_dir && matches!(e, RunError::Input(_)) {
+                        let _ = std::fs::remove_dir_all(&opts_out_dir);
+                    }
+                    run_error_code(e)
+                }
             }
         }
         Cmd::Analyze { samples, out, warmup, tolerance, ci } => {

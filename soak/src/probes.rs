@@ -129,7 +129,9 @@ impl ProcessProbes {
                 "bytes" => PAGE,
                 _ => 1.0,
             });
-            m.insert(format!("{prefix}proc.{p}"), MetricSpec { quantum, ..MetricSpec::new(Kind::Gauge, unit) });
+            // Resident file-backed pages live inside the file mappings.
+            let within = (p == "rss_file").then(|| format!("{prefix}proc.file_bytes"));
+            m.insert(format!("{prefix}proc.{p}"), MetricSpec { quantum, within, ..MetricSpec::new(Kind::Gauge, unit) });
         }
         m
     }

@@ -8,11 +8,16 @@
 //! - leaks (must fail, on the shape's metric): linear at 10x, 3x and 1x this series' own
 //!   resolution (the smallest rate the detector resolves in the clean version of this series);
 //!   a staircase; a late onset; square-root growth; a rising sawtooth; anonymous memory outside the
-//!   heap; shared memory; file mappings; descriptors; threads; and iterations of 10 seconds (a
-//!   verdict must not depend on the machine's speed);
+//!   heap; shared memory; file mappings; descriptors; threads; iterations of 10 seconds (a
+//!   verdict must not depend on the machine's speed); and fixed sizes that owe nothing to the
+//!   detector's resolution: 64 B and 256 B an iteration, 1 MiB kept at every quarter of the run,
+//!   a set of ids never drained (steps at doubling intervals), a rise that slows to a persistent
+//!   200 B an iteration;
 //! - clean shapes (must pass): settled flat with blips, a warm-up ramp, a cache that fills by 30%
 //!   and by 60% of the run, a one-off step, a late step at 80%, periodic bursts, a sawtooth, a
-//!   wandering mean-reverting level, and GPU memory through sleep and wake cycles.
+//!   wandering mean-reverting level, GPU memory through sleep and wake cycles, code pages
+//!   faulted in within file mappings that never change, a scratch buffer grown twice to the peak
+//!   batch, and a full cache that churns at its bound.
 //!
 //! Each at 60, 200 and 500 iterations with three noise seeds, one file per length
 //! (`soak/spec/corpus/n200.csv`: a column per case). Everything is deterministic from the seed, so the
@@ -61,6 +66,9 @@ pub struct Case {
     /// Seconds per iteration.
     pub dt: f64,
     pub values: Vec<f64>,
+    /// A gauge that bounds the series, at a constant level (the file mappings around resident
+    /// file pages), written beside it.
+    pub within: Option<(&'static str, f64)>,
 }
 
 impl Case {
@@ -73,11 +81,22 @@ impl Case {
             self.metric.to_string(),
             MetricSpec { quantum: Some(quantum), ..MetricSpec::new(Kind::Gauge, unit) },
         );
+        if let Some((bound, _)) = self.within {
+            metrics
+                .insert(bound.to_string(), MetricSpec { quantum: Some(PAGE), ..MetricSpec::new(Kind::Gauge, "bytes") });
+        }
+        let names: Vec<String> = metrics.keys().cloned().collect();
         let rows = self
             .values
             .iter()
             .enumerate()
-            .map(|(i, v)| plateau_reports::Row::new(self.dt * (i + 1) as f64, i as u64 + 1, true, vec![Some(*v)]))
+            .map(|(i, v)| {
+                let values = names
+                    .iter()
+                    .map(|n| Some(if n == self.metric { *v } else { self.within.map_or(0.0, |w| w.1) }))
+                    .collect();
+                plateau_reports::Row::new(self.dt * (i + 1) as f64, i as u64 + 1, true, values)
+            })
             .collect();
         Samples {
             header: Header {
@@ -89,7 +108,7 @@ impl Case {
                 warmup_iterations: Some(warmup(self.n)),
                 injections: vec![],
             },
-            names: vec![self.metric.to_string()],
+            names,
             rows,
             truncated_tail: false,
             warnings: vec![],
@@ -102,9 +121,10 @@ impl Case {
         let mut out = serde_json::to_string(&s.header).expect("a header serializes");
         out.push('\n');
         for (r, v) in s.rows.iter().zip(&self.values) {
+            let bound = self.within.map(|(b, level)| format!(",\"{b}\":{level}")).unwrap_or_default();
             let _ = writeln!(
                 out,
-                "{{\"t\":{},\"iter\":{},\"quiescent\":true,\"values\":{{\"{}\":{v}}}}}",
+                "{{\"t\":{},\"iter\":{},\"quiescent\":true,\"values\":{{\"{}\":{v}{bound}}}}}",
                 r.t, r.iter, self.metric
             );
         }
@@ -132,8 +152,9 @@ pub fn csv(cases: &[Case], n: u64) -> String {
 }
 
 /// The base metrics: name, unit, quantum.
-const BASE: [(&str, &str, f64); 7] = [
+const BASE: [(&str, &str, f64); 8] = [
     ("jemalloc.allocated", "bytes", 1.0),
+    ("proc.rss_file", "bytes", PAGE),
     ("proc.rss_anon", "bytes", PAGE),
     ("proc.anon_outside_heap", "bytes", PAGE),
     ("proc.rss_shmem", "bytes", PAGE),
@@ -192,7 +213,9 @@ fn base(n: u64, seed: u64) -> BTreeMap<&'static str, Vec<f64>> {
             .collect();
         out.insert(name, v);
     }
-    for (name, level) in [("proc.file_mappings", 24.0), ("proc.fds", 11.0), ("proc.threads", 2.0)] {
+    for (name, level) in
+        [("proc.file_mappings", 24.0), ("proc.fds", 11.0), ("proc.threads", 2.0), ("proc.rss_file", 9.0 * MIB)]
+    {
         out.insert(name, vec![level; n as usize]);
     }
     out
@@ -223,12 +246,36 @@ struct Shape {
     metric: &'static str,
     dt: f64,
     add: fn(f64, f64, &mut ChaCha8Rng) -> f64,
+    /// A constant bounding gauge written beside the series.
+    within: Option<(&'static str, f64)>,
+    /// Shortest run the shape is part of (a rate below what a shorter run resolves).
+    min_n: u64,
+}
+
+/// The file mappings around `proc.rss_file` in the page-in shape: 24 mappings, 20 MiB.
+const FILE_BYTES: (&str, f64) = ("proc.file_bytes", 20.0 * MIB);
+
+/// Bytes a hash set of u64 ids holds with `entries` in it: 9 bytes a bucket (8 and a control
+/// byte), doubling when 7/8 full, as Rust's `HashSet` and most open-addressing tables do.
+fn id_table_bytes(entries: f64) -> f64 {
+    let mut buckets = 64.0;
+    while entries > buckets * 7.0 / 8.0 {
+        buckets *= 2.0;
+    }
+    9.0 * buckets
 }
 
 fn shapes() -> Vec<Shape> {
     use Label::{Clean, Leak};
-    let s =
-        |name, label, metric, add: fn(f64, f64, &mut ChaCha8Rng) -> f64| Shape { name, label, metric, dt: 0.05, add };
+    let s = |name, label, metric, add: fn(f64, f64, &mut ChaCha8Rng) -> f64| Shape {
+        name,
+        label,
+        metric,
+        dt: 0.05,
+        add,
+        within: None,
+        min_n: 0,
+    };
     vec![
         // Leaks.
         s("staircase", Leak, "jemalloc.allocated", |i, _, _| 64.0 * KIB * (i / 10.0).floor()),
@@ -240,6 +287,18 @@ fn shapes() -> Vec<Shape> {
         s("file-mappings", Leak, "proc.file_mappings", |i, _, _| (i / 5.0).floor()),
         s("fds", Leak, "proc.fds", |i, _, _| (i / 8.0).floor()),
         s("threads", Leak, "proc.threads", |i, _, _| (i / 10.0).floor()),
+        // Leaks of fixed sizes, whatever the detector resolves: 64 B an iteration; 1 MiB kept
+        // at every quarter of the run (equal steps); a set of ids that is never drained, 20 an
+        // iteration (steps at doubling intervals); 4 KiB an iteration slowing to a persistent
+        // 200 B from 55% of the run.
+        // 64 B an iteration is below what 48 judged points resolve over this noise: from 200 on.
+        Shape { min_n: 200, ..s("fixed-64B", Leak, "jemalloc.allocated", |i, _, _| 64.0 * i) },
+        s("fixed-256B", Leak, "jemalloc.allocated", |i, _, _| 256.0 * i),
+        s("chunks", Leak, "jemalloc.allocated", |i, n, _| MIB * (i / (n / 4.0)).floor()),
+        s("id-set", Leak, "jemalloc.allocated", |i, _, _| id_table_bytes(20.0 * i)),
+        s("slowing", Leak, "jemalloc.allocated", |i, n, _| {
+            4.0 * KIB * i.min(0.55 * n) + 200.0 * (i - 0.55 * n).max(0.0)
+        }),
         // Clean shapes.
         s("flat", Clean, "jemalloc.allocated", |_, _, _| 0.0),
         s("flat-pages", Clean, "proc.rss_anon", |_, _, _| 0.0),
@@ -252,6 +311,25 @@ fn shapes() -> Vec<Shape> {
         s("sawtooth", Clean, "jemalloc.allocated", |i, _, _| MIB * (i % 25.0) / 25.0),
         s("wander", Clean, "jemalloc.allocated", |_, _, rng| 16.0 * KIB * normal(rng)),
         s("sleep-wake", Clean, GPU, |i, _, _| if i % 10.0 == 3.0 { 0.25 * 1024.0 * MIB } else { 2.0 * 1024.0 * MIB }),
+        // Code pages faulted in (64 KiB of fault-around) as rarer paths run, inside file
+        // mappings that never change.
+        Shape {
+            within: Some(FILE_BYTES),
+            ..s("pagein", Clean, "proc.rss_file", |i, n, _| {
+                64.0 * KIB * (f64::from(u8::from(i >= 0.2 * n)) + f64::from(u8::from(i >= 0.35 * n)))
+                    + 12.0 * KIB * f64::from(u8::from(i >= 0.6 * n))
+            })
+        },
+        // A scratch buffer grown to the peak batch twice, soon after warm-up, then kept.
+        s("peak-buffer", Clean, "jemalloc.allocated", |i, n, _| {
+            let w = 20.0f64.min((n / 5.0).floor());
+            256.0 * KIB * (f64::from(u8::from(i >= w + 3.0)) + f64::from(u8::from(i >= w + 11.0)))
+        }),
+        // A 64 MiB cache full by 30% of the run that then replaces entries of other sizes: the
+        // live heap moves by up to 48 KiB from one iteration to the next around its bound.
+        s("cache-churn", Clean, "jemalloc.allocated", |i, n, rng| {
+            64.0 * MIB * (i / (0.3 * n)).min(1.0) + if i >= 0.3 * n { 48.0 * KIB * (unit(rng) - 0.5) } else { 0.0 }
+        }),
     ]
 }
 
@@ -269,6 +347,7 @@ pub fn cases() -> Vec<Case> {
                 n,
                 dt: 0.05,
                 values: clean[heap].clone(),
+                within: None,
             };
             let r1 = resolution(&flat);
             for (k, dt) in [(10.0, 0.05), (3.0, 0.05), (1.0, 0.05), (3.0, 10.0)] {
@@ -285,9 +364,10 @@ pub fn cases() -> Vec<Case> {
                     n,
                     dt,
                     values,
+                    within: None,
                 });
             }
-            for shape in shapes() {
+            for shape in shapes().into_iter().filter(|s| n >= s.min_n) {
                 let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed);
                 let mut values = clean.get(shape.metric).cloned().unwrap_or_else(|| vec![0.0; n as usize]);
                 let nf = n as f64;
@@ -310,6 +390,7 @@ pub fn cases() -> Vec<Case> {
                     n,
                     dt: shape.dt,
                     values,
+                    within: shape.within,
                 });
             }
         }

@@ -73,7 +73,14 @@ pub struct Client {
 
 impl Client {
     /// A client of the server at `base` (`http://127.0.0.1:8000`); asks it for its model's name.
-    pub async fn connect(base: &str, request_timeout: Duration) -> Result<Client, ClientError> {
+    /// Connects to `base`: `GET /v1/models` must answer with a model within `ready_timeout`
+    /// (a server that accepts connections and never answers fails then, not after the much
+    /// longer `request_timeout` that every later request gets).
+    pub async fn connect(
+        base: &str,
+        request_timeout: Duration,
+        ready_timeout: Duration,
+    ) -> Result<Client, ClientError> {
         let base = base.trim_end_matches('/').to_string();
         let http = reqwest::Client::builder()
             .timeout(request_timeout)
@@ -82,8 +89,16 @@ impl Client {
             .build()
             .map_err(|e| ClientError::Server(format!("HTTP client: {e}")))?;
         let url = format!("{base}/v1/models");
-        let resp =
-            http.get(&url).send().await.map_err(|e| ClientError::Unreachable(format!("GET {url}: {}", cause(&e))))?;
+        let resp = http.get(&url).timeout(ready_timeout).send().await.map_err(|e| {
+            if e.is_timeout() {
+                ClientError::Unreachable(format!(
+                    "GET {url}: no answer within {} s (--ready-timeout-s)",
+                    ready_timeout.as_secs_f64()
+                ))
+            } else {
+                ClientError::Unreachable(format!("GET {url}: {}", cause(&e)))
+            }
+        })?;
         let status = resp.status();
         let body: Value = resp.json().await.map_err(|_| {
             ClientError::NotOpenAi(format!(

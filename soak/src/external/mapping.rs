@@ -136,7 +136,7 @@ impl Mapping {
             if let Some(r) = self.rules.get(&s.name) {
                 let name = r.name.clone().unwrap_or_else(|| s.name.replace(':', "."));
                 let quantum = (r.unit == "count").then_some(1.0);
-                let spec = MetricSpec { kind: r.kind, unit: r.unit.clone(), capacity: r.capacity, quantum };
+                let spec = MetricSpec { capacity: r.capacity, quantum, ..MetricSpec::new(r.kind, &r.unit) };
                 out.add(format!("{PREFIX}{name}"), spec, value);
                 if r.in_flight {
                     *out.in_flight.get_or_insert(0.0) += value;
@@ -182,10 +182,10 @@ fn self_described(labels: &BTreeMap<String, String>) -> Option<(String, MetricSp
         "counter" => Kind::Counter,
         _ => Kind::Observed,
     };
-    let unit = get("unit").unwrap_or("count").to_string();
+    let unit = get("unit").unwrap_or("count");
     let capacity = get("capacity").and_then(|c| c.parse().ok());
     let quantum = get("quantum").and_then(|q| q.parse().ok());
-    Some((name.to_string(), MetricSpec { kind, unit, capacity, quantum }))
+    Some((name.to_string(), MetricSpec { capacity, quantum, ..MetricSpec::new(kind, unit) }))
 }
 
 /// Parses Prometheus text (see [`super::exposition`]).

@@ -84,6 +84,7 @@ fn check_url(url: &str) -> Result<(), RunError> {
     if rest.trim_end_matches('/').is_empty() {
         return Err(RunError::Input(format!("--target {url}: no host")));
     }
+    reqwest::Url::parse(url).map_err(|e| RunError::Input(format!("--target {url}: not a URL: {e}")))?;
     Ok(())
 }
 
@@ -348,6 +349,11 @@ async fn wait_ready(
     }
 }
 
+/// Whether a scrape has a gauge in bytes: something about the server's memory to judge.
+fn carries_memory_gauge(s: &mapping::Scraped) -> bool {
+    s.specs.values().any(|m| m.kind == Kind::Gauge && m.unit == "bytes")
+}
+
 /// Runs the scenario against the target and judges it.
 pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Result<RunResult, RunError> {
     check_url(&ext.url)?;
@@ -375,7 +381,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     if let (Some(t), Some(_)) = (target.as_mut(), &ext.spawn) {
         runtime.block_on(wait_ready(&ext.url, t, ext.ready_timeout, &log))?;
     }
-    let client = runtime.block_on(Client::connect(&ext.url, ext.request_timeout)).map_err(client_err)?;
+    let client =
+        runtime.block_on(Client::connect(&ext.url, ext.request_timeout, ext.ready_timeout)).map_err(client_err)?;
     let metrics_url = format!("{}/metrics", client.base());
     let first = match runtime.block_on(fetch_metrics(&metrics_url))? {
         Some(text) => {
@@ -383,6 +390,14 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         }
         None => None,
     };
+    // With no process to read, the server's own /metrics is all there is to judge: without a
+    // memory gauge there it would judge only plateau's own request counter.
+    if target.is_none() && !first.as_ref().is_some_and(carries_memory_gauge) {
+        return Err(RunError::Input(format!(
+            "--target {}: no --pid or --spawn, and {metrics_url} carries no memory gauge (bytes) in the mapping: nothing about the server's memory could be judged; give --pid PID (the server's process) or --spawn \"CMD\" (plateau starts it), or a --metrics-map that maps a memory gauge",
+            ext.url
+        )));
+    }
     let tree = target.as_ref().map(|t| tree::Tree::new(t.pid));
     let gpu = match (&tree, gpu::GpuProbe::open()) {
         (Some(_), Ok(g)) => Some(g),
@@ -409,7 +424,14 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     for (name, unit) in OWN {
         declared.insert(name.to_string(), MetricSpec::new(Kind::Observed, unit));
     }
-    declared.insert(REQUESTS.to_string(), MetricSpec { quantum: Some(1.0), ..MetricSpec::new(Kind::Counter, "count") });
+    declared.insert(
+        REQUESTS.to_string(),
+        MetricSpec {
+            quantum: Some(1.0),
+            role: Some(plateau_reports::ROLE_REQUESTS.into()),
+            ..MetricSpec::new(Kind::Counter, "count")
+        },
+    );
     let header = Header {
         schema: SAMPLES_SCHEMA.into(),
         scenario: scenario.name.clone(),

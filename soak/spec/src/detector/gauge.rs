@@ -6,10 +6,16 @@
 //!    corrected for autocorrelation (Hamed–Rao), below `p_value`;
 //! 2. it is more than noise in the metric's own units: at least `MIN_QUANTA` of its quantum over
 //!    the series (a page for RSS, one for counts, a byte for the exactly settled heap);
-//! 3. it has not levelled off: the last half alone rises significantly, at no less than a quarter
-//!    of the overall rate, by at least `MIN_QUANTA` quanta;
+//! 3. it has not levelled off: either it climbs in two or more steps with no release and the next
+//!    step is not yet overdue (`steps.rs`), or the last half alone rises significantly, above the
+//!    tolerance, by at least `MIN_TAIL_QUANTA` quanta, at a rate that is not dying away within it
+//!    (a fill that approaches its bound slows down quarter by quarter; a leak that slowed to a
+//!    persistent rate does not), however much faster the first half rose;
 //! 4. that last-half rise is not one step with flat ground on both sides (a cache that filled at
 //!    once, a buffer grown once).
+//!
+//! Two or more steps up with no release that are not yet significant, and whose next step is not
+//! yet overdue, are inconclusive: the verdict says how long a run would show the next one.
 //!
 //! Every judged gauge also gets its resolution: the smallest steady rate that, added to this very
 //! series, fails it. It is found by trying, so it accounts for everything above, noise included.
@@ -17,6 +23,7 @@
 use plateau_reports::Status;
 
 use super::stats::{best_split, mad_scale, mann_kendall, median, theil_sen, MannKendall};
+use super::steps::{staircase, step_noise, Staircase};
 use super::DetectorConfig;
 
 /// Growth smaller than this many quanta is never a trend: one page more RSS after a hundred
@@ -33,13 +40,14 @@ pub const MIN_TAIL_QUANTA: f64 = 2.0;
 /// over a run by chance, far less often by two, while a leak's growth keeps adding to it.
 pub const NOISE_SCALES: f64 = 2.0;
 
-/// A step must be this many noise scales high to be told apart from the noise around it.
-const STEP_NOISE_SCALES: f64 = 4.0;
+use super::steps::STEP_NOISE_SCALES;
 
-/// The last half must rise at least at this fraction of the overall rate to be "still growing":
-/// a series whose rate fell by three quarters is slowing towards a plateau, and is reported, not
-/// failed. A leak's rate does not fall that much within one run.
-const TAIL_FRACTION: f64 = 0.25;
+/// A last half whose last quarter rises at under this fraction of its third quarter's rate is
+/// dying away: a cache filling towards its bound (exponential approach) drops to a quarter within
+/// the last half of a run at least eight times its time constant, while a leak that slowed to a
+/// persistent rate, or one that grows as the square root of the work, keeps most of its rate from
+/// one quarter to the next (the square root keeps 86% at iterations 110-200).
+const DECAY_FRACTION: f64 = 0.25;
 
 /// Steps tried when searching for the resolution: doubling from the first guess, then halving
 /// the bracket. Bounds the search's cost to this many judgements per metric.
@@ -111,7 +119,13 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
     let rate = format!("{}/iteration", v(slope));
     let j =
         |status, reason| Judgement { status, reason, slope, mk, tail_slope, tail_p: tail_mk.p_increase, growth, noise };
+    let stairs = staircase(x, y, q).filter(|st| {
+        st.climbs() && st.rise() >= MIN_QUANTA * q && st.rise() / (x[n - 1] - x[0]).max(1.0) > s.tolerance_per_iter
+    });
     if !(slope > 0.0 && mk.p_increase < cfg.p_value) {
+        if let Some(st) = stairs.as_ref().filter(|st| !st.levelled_off()) {
+            return j(Status::Inconclusive, undecided_steps(st, unit));
+        }
         let what = if slope.abs() * (x[n - 1] - x[0]) < q { "flat" } else { "no significant rise" };
         return j(Status::Pass, format!("{what}: {rate}, p = {:.2}", mk.p_increase));
     }
@@ -147,6 +161,18 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
             ),
         );
     }
+    if let Some(st) = stairs.as_ref().filter(|st| !st.levelled_off()) {
+        return j(
+            Status::Fail,
+            format!(
+                "grows in steps that have not stopped: {}, {} in all, {rate} (p = {:.1e}); the next was due by iteration {}",
+                st.describe(),
+                v(st.rise()),
+                mk.p_increase,
+                st.due_at()
+            ),
+        );
+    }
     let tail_significant = tail_slope > 0.0 && tail_mk.p_increase < cfg.tail_p_value;
     let tail_rate = format!("{}/iteration", v(tail_slope));
     if !tail_significant && tail_growth.abs() < MIN_TAIL_QUANTA * q {
@@ -168,12 +194,35 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
             ),
         );
     }
-    if tail_slope < TAIL_FRACTION * slope {
+    // The last half's rise as its two quarters' medians see it (twice their difference: the
+    // whole half's rise for a steady rate), against the noise of successive points: a fill that
+    // ended long ago leaves a remainder that a slope fitted over the half overstates.
+    let h = ty.len() / 2;
+    let quarters_rise = 2.0 * (median(&mut ty[h..].to_vec()) - median(&mut ty[..h].to_vec()));
+    // Its noise: the spread of its levels around its line, which slow wander (autocorrelated
+    // noise) widens as it should, but never more than twice the spread of successive
+    // differences, which a periodic shape riding on a leak (a rising sawtooth) does not widen.
+    let tail_resid: Vec<f64> = tx.iter().zip(ty).map(|(a, b)| b - tail_slope * a).collect();
+    let tail_noise = mad_scale(&tail_resid).min(2.0 * step_noise(ty, q));
+    if quarters_rise < NOISE_SCALES * tail_noise {
         return j(
             Status::Warn,
             format!(
-                "grew by {} ({rate}) and is slowing: the last half rises {tail_rate}, under a quarter of the overall rate: not failed",
-                v(growth)
+                "grew by {} ({rate}); the last half's quarters differ by {} only, within {NOISE_SCALES} times its noise ({}): levelled off as far as this run resolves",
+                v(growth),
+                v(quarters_rise / 2.0),
+                v(tail_noise)
+            ),
+        );
+    }
+    if let Some((third, fourth)) = dying_away(tx, ty) {
+        return j(
+            Status::Warn,
+            format!(
+                "grew by {} ({rate}) and is levelling off: within the last half the rate fell from {}/iteration to {}/iteration, under a quarter: a fill approaching its bound",
+                v(growth),
+                v(third),
+                v(fourth)
             ),
         );
     }
@@ -208,6 +257,30 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
             mk.p_increase, tail_mk.p_increase
         ),
     )
+}
+
+/// The reason for a staircase that is not yet significant and not yet levelled.
+fn undecided_steps(st: &Staircase, unit: &str) -> String {
+    format!(
+        "{}, {} in all, no release: not yet significant, and the next step is due by iteration {}; run {} iterations to see whether it comes",
+        st.describe(),
+        fmt_value(st.rise(), unit),
+        st.due_at(),
+        st.length_needed()
+    )
+}
+
+/// The third and fourth quarters' rates of a last half whose rate is dying away (the fourth under
+/// [`DECAY_FRACTION`] of a rising third), else None. A leak that keeps its rate keeps both
+/// quarters alike.
+fn dying_away(x: &[f64], y: &[f64]) -> Option<(f64, f64)> {
+    let h = x.len() / 2;
+    if h < 3 {
+        return None;
+    }
+    let third = theil_sen(&x[..h], &y[..h]);
+    let fourth = theil_sen(&x[h..], &y[h..]);
+    (third > 0.0 && fourth < DECAY_FRACTION * third).then_some((third, fourth))
 }
 
 /// A one-off step in the last half: level ground, one rise, level ground.

@@ -13,14 +13,16 @@
 //! no quiescent value, or a header with no metrics makes the verdict `inconclusive`.
 
 pub mod attribution;
+mod bounds;
 mod exact;
 pub mod gauge;
 pub mod stats;
+pub mod steps;
 pub mod tolerance;
 
-use plateau_engine::{Metric, MetricKind};
+use plateau_engine::{Metric, MetricKind, REQUESTS_ADDED};
 use plateau_reports::{
-    Kind, MetricSpec, MetricVerdict, Projection, Row, Samples, Status, Trend, Verdict, VERDICT_SCHEMA,
+    Kind, MetricSpec, MetricVerdict, Projection, Row, Samples, Status, Trend, Verdict, ROLE_REQUESTS, VERDICT_SCHEMA,
 };
 
 use gauge::{fmt_value, Series};
@@ -88,8 +90,15 @@ pub fn spec_of(m: &Metric) -> MetricSpec {
         MetricKind::Bounded { capacity } => (Kind::Bounded, Some(capacity)),
         MetricKind::Counter => (Kind::Counter, None),
     };
-    // Registry and engine figures are exact: they move by one entry or one byte.
-    MetricSpec { kind, unit: m.unit.to_string(), capacity, quantum: Some(1.0) }
+    // Registry and engine figures are exact: they move by one entry or one byte. The engine's
+    // count of requests added (under any role prefix) is the run's measure of work.
+    let counts_requests = m.name == REQUESTS_ADDED || m.name.ends_with(&format!(".{REQUESTS_ADDED}"));
+    MetricSpec {
+        capacity,
+        quantum: Some(1.0),
+        role: counts_requests.then(|| ROLE_REQUESTS.to_string()),
+        ..MetricSpec::new(kind, m.unit)
+    }
 }
 
 /// A metric's verdict with nothing decided yet.
@@ -116,15 +125,19 @@ struct Pace {
     seconds_per_iter: Option<f64>,
 }
 
-/// Requests per iteration from the counter of added requests (the largest such counter: in a P/D
-/// run, the prefill side's, which sees every request), and the median seconds per iteration.
+/// Requests per iteration from the counters the header declares with the role `requests` (the
+/// largest: in a P/D run the prefill side's, which sees every request), and the median seconds
+/// per iteration.
 fn pace(s: &Samples, quiescent: &[&Row], warmup: u64) -> Pace {
     let judged: Vec<&&Row> = quiescent.iter().filter(|r| r.iter >= warmup).collect();
     let requests_per_iter = s
         .names
         .iter()
         .enumerate()
-        .filter(|(_, n)| n.ends_with("requests_added") && s.header.metrics[*n].kind == Kind::Counter)
+        .filter(|(_, n)| {
+            let spec = &s.header.metrics[*n];
+            spec.kind == Kind::Counter && spec.role.as_deref() == Some(ROLE_REQUESTS)
+        })
         .filter_map(|(i, _)| {
             let pts: Vec<(u64, f64)> = judged.iter().filter_map(|r| r.values[i].map(|v| (r.iter, v))).collect();
             let (first, last) = (pts.first()?, pts.last()?);
@@ -253,6 +266,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
             Kind::Gauge => metrics.push(judge_gauge(name, spec, s, i, cfg, &pace)),
         }
     }
+    bounds::apply(s, &mut metrics);
     metrics.extend(exact::checks(&quiescent, &metrics));
     let attribution = attribution::attribute(s, &mut metrics, cfg);
     // Failures first, earliest evidence first; then what could not be judged; then warnings;
@@ -264,9 +278,14 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
             .then(a.name.cmp(&b.name))
     });
     let count = |st: Status| metrics.iter().filter(|m| m.status == st).count();
+    // Memory was judged when a gauge got a trend verdict or a per-request registry was checked at
+    // quiescent points: counters and bounded registries alone say nothing about growth.
+    let memory_judged =
+        metrics.iter().any(|m| matches!(m.kind.as_str(), "gauge" | "per_request") && m.status != Status::Inconclusive);
+    let unfinished = incomplete || s.truncated_tail;
     let verdict = if count(Status::Fail) > 0 {
         Status::Fail
-    } else if count(Status::Inconclusive) > 0 || metrics.is_empty() {
+    } else if count(Status::Inconclusive) > 0 || !memory_judged || unfinished {
         Status::Inconclusive
     } else {
         Status::Pass
@@ -296,6 +315,14 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
             )
         }
         Status::Inconclusive if metrics.is_empty() => "inconclusive: the samples name no metric to judge".to_string(),
+        Status::Inconclusive if count(Status::Inconclusive) == 0 && !memory_judged => format!(
+            "inconclusive: no memory gauge or per-request registry was judged ({} metrics, all counters or bounded registries): nothing here says whether memory levelled off",
+            metrics.len()
+        ),
+        Status::Inconclusive if count(Status::Inconclusive) == 0 => format!(
+            "inconclusive: the run did not finish ({}); what it sampled shows no failure, but an unfinished run is never a pass",
+            if s.truncated_tail { "its samples end mid-line" } else { "it was interrupted or its target stopped" }
+        ),
         Status::Inconclusive => {
             let why =
                 metrics.iter().find(|m| m.status == Status::Inconclusive).map(|m| m.reason.clone()).unwrap_or_default();
@@ -320,7 +347,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
     Verdict {
         schema: VERDICT_SCHEMA.into(),
         verdict,
-        incomplete: incomplete || s.truncated_tail,
+        incomplete: unfinished,
         scenario: s.header.scenario.clone(),
         seed: s.header.seed,
         backend: s.header.backend.clone(),

@@ -1,0 +1,271 @@
+//! Growth that comes in steps: a gauge's series cut into level segments (change points), and what
+//! the steps between them say.
+//!
+//! Unbounded collections grow in steps, not lines: a Rust `Vec` or `HashMap`, a Python dict or
+//! list, an arena that takes a chunk when the last one is full. Between steps the level is flat, so
+//! a trend test over the last half sees one step with level ground on both sides and calls it a
+//! one-off. The staircase view asks the question a person would ask of the plot: were there two or
+//! more rises with no release after warm-up, and has the run gone on past the point where the next
+//! one was due? Its lifecycle in the detector:
+//! 1. [`staircase`] cuts the series by binary segmentation over a running median (a single-sample
+//!    blip cannot make a segment), keeping a cut only where the medians on its two sides differ by
+//!    [`STEP_NOISE_SCALES`] noise scales, and only when every segment is level within itself (a
+//!    ramp or a fill is judged as a trend, never as stairs);
+//! 2. [`Staircase::levelled_off`] predicts the next step from the spacing of the last ones
+//!    (equal spacing repeats, widening spacing widens by the same ratio) and calls the series
+//!    levelled only when the level ground after the last step is [`OVERDUE`] times that spacing;
+//! 3. the gauge judge (`gauge.rs`) fails a staircase whose rate is significant and that has not
+//!    levelled off, and calls one that is not yet significant inconclusive, with the run length
+//!    that would show the next step ([`Staircase::length_needed`]).
+
+use super::stats::{best_split, mad_scale, median, theil_sen};
+
+/// A step must be this many noise scales high to be told apart from the noise around it.
+pub const STEP_NOISE_SCALES: f64 = 4.0;
+
+/// Points on each side of a cut: fewer cannot show level ground, and a level of five points keeps
+/// its median through a blip two samples long. Steps closer than this are a ramp.
+const MIN_SIDE: usize = 5;
+
+/// At most this many cuts per series: bounds the segmentation's cost (each cut is one linear scan
+/// of its segment) and is far more steps than any run shows of a real staircase.
+const MAX_CUTS: usize = 128;
+
+/// Half-width of the running median the cuts are searched on: a blip of up to two samples (a
+/// transient object alive at the moment of a sample) cannot pull a cut towards it.
+const SMOOTH_HALF_WIDTH: usize = 2;
+
+/// Within each of its levels a staircase rises by under this fraction of its smallest step: a
+/// ramp or a fill cut into pieces rises inside every piece by about as much as between pieces,
+/// while the noise of a level (its Theil–Sen rise over five points or more) stays near one noise
+/// scale, a quarter of the smallest step a cut accepts.
+const LEVEL_FRACTION: f64 = 0.5;
+
+/// The next step is overdue, and the series levelled, once the ground after the last step is this
+/// many times the gap at which it was due. A container that doubles, or an arena that takes a
+/// chunk every so many requests, keeps its spacing (or its ratio) within a few percent under a
+/// steady workload; half a gap more than predicted is far outside that, and short enough that
+/// the run it asks for stays within a few times the run that saw the steps.
+pub const OVERDUE: f64 = 1.5;
+
+/// Spacing ratios are clamped to this: a staircase whose spacing more than quadruples is already
+/// slowing faster than any doubling container, and a wider guess would ask for endless runs.
+const MAX_RATIO: f64 = 4.0;
+
+/// The level segments of a series: the rises and releases between them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Staircase {
+    /// Upward steps: (first iteration at the new level, height).
+    pub ups: Vec<(f64, f64)>,
+    /// Downward steps (memory given back).
+    pub downs: usize,
+    /// The last iteration of the series.
+    pub end: f64,
+}
+
+impl Staircase {
+    /// Rises only, at least two of them: the shape that must never pass while it goes on.
+    pub fn climbs(&self) -> bool {
+        self.ups.len() >= 2 && self.downs == 0
+    }
+
+    /// The spacing and ratio the next step is expected at: equal spacing repeats, widening
+    /// spacing widens by its last ratio (clamped to `1..=MAX_RATIO`).
+    fn next_gap(&self) -> f64 {
+        let at: Vec<f64> = self.ups.iter().map(|u| u.0).collect();
+        let k = at.len();
+        assert!(k >= 2, "a gap needs two steps");
+        let last = at[k - 1] - at[k - 2];
+        let ratio = if k >= 3 { (last / (at[k - 2] - at[k - 3]).max(1.0)).clamp(1.0, MAX_RATIO) } else { 1.0 };
+        last * ratio
+    }
+
+    /// True when the run went on past the next step's due point by [`OVERDUE`] times its gap.
+    pub fn levelled_off(&self) -> bool {
+        let last = self.ups[self.ups.len() - 1].0;
+        self.end - last >= OVERDUE * self.next_gap()
+    }
+
+    /// The iteration by which the next step is expected (the last step plus one gap).
+    pub fn due_at(&self) -> u64 {
+        (self.ups[self.ups.len() - 1].0 + self.next_gap()).ceil() as u64
+    }
+
+    /// Iterations a run needs to see whether the next step comes: the last step plus
+    /// [`OVERDUE`] gaps, rounded up to a multiple of 50.
+    pub fn length_needed(&self) -> u64 {
+        let last = self.ups[self.ups.len() - 1].0;
+        let want = last + OVERDUE * self.next_gap();
+        ((want / 50.0).ceil() * 50.0) as u64
+    }
+
+    /// "3 steps at 45, 90, 180 (widening spacing)".
+    pub fn describe(&self) -> String {
+        let at: Vec<String> = self.ups.iter().map(|u| format!("{}", u.0)).collect();
+        let gaps: Vec<f64> = self.ups.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        let widening = gaps.windows(2).all(|g| g[1] > 1.3 * g[0]) && gaps.len() >= 2;
+        let spacing = if widening { "widening spacing" } else { "no release between them" };
+        format!("{} steps up at {} ({spacing})", self.ups.len(), at.join(", "))
+    }
+
+    /// Total height of the rises.
+    pub fn rise(&self) -> f64 {
+        self.ups.iter().map(|u| u.1).sum()
+    }
+}
+
+/// A running median of half-width [`SMOOTH_HALF_WIDTH`] (shrinking at the ends).
+fn smooth(y: &[f64]) -> Vec<f64> {
+    let n = y.len();
+    (0..n)
+        .map(|i| {
+            let (a, b) = (i.saturating_sub(SMOOTH_HALF_WIDTH), (i + SMOOTH_HALF_WIDTH + 1).min(n));
+            median(&mut y[a..b].to_vec())
+        })
+        .collect()
+}
+
+/// The noise a step must clear: the robust spread of successive differences (a difference of
+/// two noisy points has sqrt(2) times their spread), never less than one quantum. Unlike the
+/// spread around a fitted line, a periodic shape (a sawtooth riding on a leak) does not inflate it.
+pub fn step_noise(y: &[f64], quantum: f64) -> f64 {
+    let d: Vec<f64> = y.windows(2).map(|w| w[1] - w[0]).collect();
+    (mad_scale(&d) / std::f64::consts::SQRT_2).max(quantum)
+}
+
+/// Cuts `y[lo..hi]` recursively where the medians on both sides differ by `threshold`.
+fn cut(y: &[f64], smoothed: &[f64], lo: usize, hi: usize, threshold: f64, cuts: &mut Vec<usize>) {
+    if cuts.len() >= MAX_CUTS {
+        return;
+    }
+    let Some(k) = best_split(&smoothed[lo..hi], MIN_SIDE).map(|k| k + lo) else { return };
+    let jump = median(&mut y[k..hi].to_vec()) - median(&mut y[lo..k].to_vec());
+    if jump.abs() < threshold {
+        return;
+    }
+    cut(y, smoothed, lo, k, threshold, cuts);
+    cuts.push(k);
+    cut(y, smoothed, k, hi, threshold, cuts);
+}
+
+/// The largest rise within one level: its Theil–Sen slope over its span. A level at either end
+/// of the series shorter than two sides may hold the part of a step that came too close to the
+/// end for a cut (a cut needs `MIN_SIDE` points each side), so it is not asked to be level.
+fn largest_rise_within(x: &[f64], y: &[f64], bounds: &[usize]) -> f64 {
+    let last = bounds.len() - 2;
+    bounds
+        .windows(2)
+        .enumerate()
+        .filter(|(k, w)| !((*k == 0 || *k == last) && w[1] - w[0] < 2 * MIN_SIDE))
+        .map(|(_, w)| theil_sen(&x[w[0]..w[1]], &y[w[0]..w[1]]) * (x[w[1] - 1] - x[w[0]]))
+        .fold(0.0, f64::max)
+}
+
+/// The staircase of a series, or None when it is not one: no step up, or levels that rise within
+/// themselves (a ramp, a fill), which the trend test judges instead.
+pub fn staircase(x: &[f64], y: &[f64], quantum: f64) -> Option<Staircase> {
+    assert_eq!(x.len(), y.len());
+    let n = y.len();
+    if n < 2 * MIN_SIDE {
+        return None;
+    }
+    let threshold = STEP_NOISE_SCALES * step_noise(y, quantum);
+    let smoothed = smooth(y);
+    let mut cuts = Vec::new();
+    cut(y, &smoothed, 0, n, threshold, &mut cuts);
+    if cuts.is_empty() {
+        return None;
+    }
+    let bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain(std::iter::once(n)).collect();
+    let levels: Vec<f64> = bounds.windows(2).map(|w| median(&mut y[w[0]..w[1]].to_vec())).collect();
+    let mut ups = Vec::new();
+    let mut downs = 0;
+    for (k, l) in cuts.iter().zip(levels.windows(2)) {
+        let h = l[1] - l[0];
+        if h >= threshold {
+            ups.push((x[*k], h));
+        } else if h <= -threshold {
+            downs += 1;
+        }
+    }
+    let smallest = ups.iter().map(|u| u.1).fold(f64::INFINITY, f64::min);
+    let level = largest_rise_within(x, y, &bounds) < LEVEL_FRACTION * smallest;
+    (level && !ups.is_empty()).then_some(Staircase { ups, downs, end: x[n - 1] })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xs(n: usize) -> Vec<f64> {
+        (21..21 + n).map(|i| i as f64).collect()
+    }
+
+    #[test]
+    fn equal_steps_are_a_climbing_staircase_not_yet_levelled() {
+        let x = xs(180);
+        let y: Vec<f64> = x.iter().map(|i| 1e6 * (i / 50.0).floor()).collect();
+        let s = staircase(&x, &y, 1.0).unwrap();
+        assert_eq!(s.ups.iter().map(|u| u.0).collect::<Vec<_>>(), vec![50.0, 100.0, 150.0]);
+        assert!(s.climbs() && !s.levelled_off());
+        assert_eq!(s.length_needed(), 250);
+        let later = Staircase { end: 230.0, ..s };
+        assert!(later.levelled_off());
+    }
+
+    #[test]
+    fn two_early_steps_then_level_ground_levelled_off() {
+        let x = xs(180);
+        let y: Vec<f64> = x
+            .iter()
+            .map(|&i| {
+                if i >= 36.0 {
+                    2.0
+                } else if i >= 28.0 {
+                    1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let s = staircase(&x, &y, 0.1).unwrap();
+        assert!(s.climbs() && s.levelled_off(), "{s:?}");
+    }
+
+    #[test]
+    fn doubling_spacing_predicts_a_doubled_gap() {
+        let x = xs(180);
+        let y: Vec<f64> =
+            x.iter().map(|&i| [45.0, 90.0, 180.0].iter().filter(|s| i >= **s).count() as f64 * 1000.0).collect();
+        let s = staircase(&x, &y, 1.0).unwrap();
+        assert_eq!(s.ups.len(), 3);
+        assert!(!s.levelled_off());
+        assert_eq!(s.length_needed(), 450);
+    }
+
+    #[test]
+    fn a_ramp_and_a_sawtooth_are_not_stairs() {
+        let x = xs(180);
+        let ramp: Vec<f64> = x.iter().map(|i| 64.0 * i).collect();
+        assert!(staircase(&x, &ramp, 1.0).is_none());
+        let saw: Vec<f64> = x.iter().map(|i| 1e5 * (((*i as u64) / 10) % 3) as f64).collect();
+        assert!(!staircase(&x, &saw, 1.0).is_some_and(|s| s.climbs()));
+    }
+
+    #[test]
+    fn a_step_too_near_the_start_for_a_cut_does_not_hide_the_stairs() {
+        // Steps at 24, 46, 91, 181 (a table doubling): the first is 3 points from the start.
+        let x = xs(180);
+        let y: Vec<f64> =
+            x.iter().map(|&i| [24.0, 46.0, 91.0, 181.0].iter().filter(|s| i >= **s).count() as f64 * 4608.0).collect();
+        let s = staircase(&x, &y, 1.0).unwrap();
+        assert!(s.climbs() && !s.levelled_off(), "{s:?}");
+    }
+
+    #[test]
+    fn blips_make_no_step() {
+        let x = xs(180);
+        let y: Vec<f64> = x.iter().map(|&i| if (i as u64) % 37 == 0 { 12288.0 } else { 0.0 }).collect();
+        assert!(staircase(&x, &y, 1.0).is_none());
+    }
+}
