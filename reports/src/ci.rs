@@ -213,6 +213,8 @@ mod tests {
             seconds_per_iter: None,
             tolerance: "1B/request".into(),
             warnings: Vec::new(),
+            target_exit: None,
+            settle_timeouts: 0,
             metrics: vec![
                 metric("registry.requests", "per_request", Status::Fail, "20 entries left"),
                 metric("proc.rss", "gauge", Status::Inconclusive, "only 10 points"),

@@ -374,6 +374,8 @@ mod tests {
             seconds_per_iter: None,
             tolerance: String::new(),
             warnings: vec![],
+            target_exit: None,
+            settle_timeouts: 0,
             metrics: vec![
                 MetricVerdict { first_iter: Some(30), ..metric("a.flat", "bytes", Status::Fail, 0.0) },
                 metric("m.mid", "bytes", Status::Pass, 0.0),

@@ -158,10 +158,34 @@ pub struct Verdict {
     /// What the reader or the detector noticed about the input itself.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// How an external target ended when it ended before the run did: its exit status or
+    /// signal, and whether the kernel's OOM killer did it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_exit: Option<String>,
+    /// Quiescent points sampled with requests still in flight at an external target (its
+    /// in-flight gauges did not read zero within the settle timeout).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub settle_timeouts: u64,
     pub metrics: Vec<MetricVerdict>,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 impl Verdict {
+    /// The exit code of every subcommand that reports a verdict: 1 fail, 4 inconclusive (an
+    /// unfinished or unjudged run among them), 0 pass. The one mapping, so no subcommand can call
+    /// something a pass that another would not.
+    pub fn exit_code(&self) -> u8 {
+        match self.verdict {
+            Status::Fail => 1,
+            Status::Inconclusive => 4,
+            _ if self.incomplete => 4,
+            _ => 0,
+        }
+    }
+
     pub fn failed(&self) -> bool {
         self.verdict == Status::Fail
     }

@@ -31,11 +31,17 @@ pub fn judge_file(samples: &Path, o: &JudgeOptions) -> Result<(Samples, Verdict)
     let warmup_iterations = warmup_rule(o.warmup, s.header.warmup_iterations, Some(iterations))?;
     let cfg =
         DetectorConfig { warmup_iterations, tolerance: o.tolerance.unwrap_or_default(), ..DetectorConfig::default() };
-    let earlier_incomplete = std::fs::read(samples.with_file_name("verdict.json"))
+    // What only the run itself knew (it was cut short, its target died, some points were sampled
+    // unsettled) is kept from the verdict already beside the samples.
+    let earlier = std::fs::read(samples.with_file_name("verdict.json"))
         .ok()
-        .and_then(|b| serde_json::from_slice::<Verdict>(&b).ok())
-        .is_some_and(|v| v.incomplete);
+        .and_then(|b| serde_json::from_slice::<Verdict>(&b).ok());
+    let earlier_incomplete = earlier.as_ref().is_some_and(|v| v.incomplete);
     let mut v = analyze(&s, &cfg, o.incomplete || earlier_incomplete);
+    if let Some(e) = earlier {
+        v.target_exit = e.target_exit;
+        v.settle_timeouts = e.settle_timeouts;
+    }
     if o.tolerance_explicit && v.requests_per_iter.is_none() && cfg.tolerance.per == Per::Request {
         return Err(format!(
             "--tolerance {}: {} counts no requests (no counter with the role `requests` in its header), so a tolerance per request cannot be applied; give it per iteration",

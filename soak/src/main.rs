@@ -22,13 +22,7 @@ const INCONCLUSIVE: u8 = 4;
 
 /// The exit code of a verdict: fail 1, inconclusive 4, pass 0.
 fn verdict_code(v: &plateau_reports::Verdict) -> u8 {
-    if v.failed() {
-        LEAK
-    } else if v.inconclusive() {
-        INCONCLUSIVE
-    } else {
-        PASS
-    }
+    v.exit_code()
 }
 
 #[derive(Parser)]
@@ -309,10 +303,11 @@ enum HistoryCmd {
         #[arg(long)]
         html: Option<PathBuf>,
     },
-    /// Compare each scenario's latest night with its passing nights: exit 1 when a gauge's level
-    /// rose more than the tolerance above the highest passing night stored, or its slope past the
-    /// steepest of the last N by more than the run resolves; 4 when no scenario has a passing
-    /// night to compare with.
+    /// Judge each scenario's nights as a series from its baseline night (`pin`, else its first
+    /// passing night): exit 1 when a gauge's level jumped more than the tolerance above every
+    /// night since the baseline, or creeps (a significant rise over 4 or more nights) to more than
+    /// the tolerance above the baseline, or its slope passed the steepest of the last N passing
+    /// nights by more than the run resolves; 4 when no scenario has a night to compare.
     Check {
         /// The history database, SQLite.
         #[arg(long)]
@@ -323,9 +318,19 @@ enum HistoryCmd {
         /// Passing nights whose slopes the latest is compared with.
         #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u64).range(1..=365))]
         last: u64,
-        /// Allowed rise of a gauge's level above the highest passing night stored, in percent.
+        /// Allowed rise of a gauge's level, in percent: above the highest night since the
+        /// baseline (a jump), or above the baseline (a creep).
         #[arg(long, default_value_t = 10.0)]
         level_tolerance_pct: f64,
+    },
+    /// Make a stored run (a complete passing night) the baseline its scenario's later nights are
+    /// measured from; it replaces the scenario's earlier pin.
+    Pin {
+        #[arg(value_name = "RUN_DIR")]
+        run_dir: PathBuf,
+        /// The history database, SQLite.
+        #[arg(long)]
+        db: PathBuf,
     },
 }
 
@@ -838,6 +843,17 @@ fn history(cmd: HistoryCmd) -> u8 {
                 Err(e) => code(e),
             }
         }
+        HistoryCmd::Pin { run_dir, db } => {
+            let pinned = history::store::read_run(&run_dir)
+                .and_then(|r| history::open(&db, false).and_then(|c| history::check::pin(&c, &db, &r)));
+            match pinned {
+                Ok(line) => {
+                    println!("history: {line}");
+                    PASS
+                }
+                Err(e) => code(e),
+            }
+        }
         HistoryCmd::Check { db, scenario, last, level_tolerance_pct } => {
             if !(level_tolerance_pct.is_finite() && level_tolerance_pct >= 0.0) {
                 eprintln!(
@@ -857,7 +873,9 @@ fn history(cmd: HistoryCmd) -> u8 {
                     if !out.regressions.is_empty() {
                         LEAK
                     } else if out.groups_judged == 0 {
-                        eprintln!("plateau: history: no scenario has a passing night to compare with: nothing judged");
+                        eprintln!(
+                            "plateau: history: no scenario has a night to compare with its baseline: nothing judged"
+                        );
                         INCONCLUSIVE
                     } else {
                         println!("history: no regression");

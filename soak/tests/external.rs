@@ -152,6 +152,15 @@ fn run_against(url: &str, name: &str, extra: &[&str]) -> (std::process::Output, 
     (plateau(&args), out)
 }
 
+/// A run with no length of its own against a server plateau spawns: it ends when the server does.
+fn run_spawned(url: &str, name: &str, spawn: &str) -> (std::process::Output, std::path::PathBuf) {
+    let out = tmp("external", name).join("run");
+    let args =
+        ["run", "n-sampling", "--iterations", "100000", "--quiet", "--out", out.to_str().unwrap(), "--target", url];
+    let o = plateau(&[&args[..], &["--spawn", spawn]].concat());
+    (o, out)
+}
+
 #[test]
 fn an_unreachable_target_is_a_harness_failure_naming_it() {
     let url = format!("http://127.0.0.1:{}", free_port());
@@ -179,7 +188,9 @@ fn a_metrics_page_that_does_not_parse_names_its_line() {
 #[test]
 fn a_server_answering_5xx_is_retried_a_bounded_number_of_times_and_the_run_kept_incomplete() {
     let (url, posts) = fake_server(vec![("/v1/models", 200, MODELS), ("/v1/completions", 500, "{\"error\":\"boom\"}")]);
-    let (o, out) = run_against(&url, "5xx", &["--concurrency", "1"]);
+    // The fake server lives in this test's process: plateau watches it there.
+    let pid = std::process::id().to_string();
+    let (o, out) = run_against(&url, "5xx", &["--concurrency", "1", "--pid", &pid]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(err.contains("500"), "{err}");
@@ -198,23 +209,39 @@ fn a_target_process_that_exits_mid_run_ends_the_run_incomplete() {
     let url = format!("http://127.0.0.1:{port}");
     // The target is a shell that starts the server and kills it after 2 s, then exits itself.
     let spawn = format!("sh -c '{} & sleep 2; kill $!; wait'", serve_cmd(port, ""));
-    let out = tmp("external", "exits").join("run");
-    let o = plateau(&[
-        "run",
-        "n-sampling",
-        "--iterations",
-        "100000",
-        "--quiet",
-        "--out",
-        out.to_str().unwrap(),
-        "--target",
-        &url,
-        "--spawn",
-        &spawn,
-    ]);
+    let (o, out) = run_spawned(&url, "exits", &spawn);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(3), "{err}");
     assert_eq!(verdict(&out)["incomplete"], true, "{err}");
+}
+
+#[test]
+fn a_target_with_no_process_to_watch_and_no_memory_gauge_is_refused_and_leaves_no_run() {
+    // Without --pid or --spawn only the server's /metrics could be judged, and this one has none:
+    // nothing about its memory could be judged, so the run is refused before it starts.
+    let (url, posts) = fake_server(vec![("/v1/models", 200, MODELS)]);
+    let (o, out) = run_against(&url, "no-process", &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--pid") && stderr(&o).contains("--spawn"), "{}", stderr(&o));
+    assert_eq!(posts.load(Ordering::SeqCst), 0, "no request was sent");
+    assert!(!out.exists(), "a refused run left {} behind", out.display());
+}
+
+#[test]
+fn a_target_killed_after_its_growth_was_conclusive_fails_the_run_and_says_how_it_died() {
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    // The leak fails the exact layer at iteration 1; the server (the shell's own pid after `exec`)
+    // is then killed with SIGKILL, as the OOM killer would.
+    let spawn =
+        format!("sh -c '(sleep 3; kill -9 $$) & exec {}'", serve_cmd(port, "--inject registry-retains-finished"));
+    let (o, out) = run_spawned(&url, "killed", &spawn);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let v = verdict(&out);
+    assert_eq!((v["verdict"].as_str(), v["incomplete"].as_bool()), (Some("fail"), Some(true)), "{err}");
+    let exit = v["target_exit"].as_str().unwrap_or_default();
+    assert!(exit.contains("signal: 9") && exit.contains("OOM killer"), "{exit}");
 }
 
 #[test]

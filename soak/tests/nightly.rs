@@ -164,3 +164,60 @@ fn a_level_that_steps_between_nights_is_not_a_regression_once_both_steps_are_sto
     let o = plateau(&["history", "check", "--db", s(&db), "--last", "2"]);
     assert_eq!(o.status.code(), Some(1), "a level past every stored night passed: {}", text(&o));
 }
+
+#[test]
+fn a_level_that_creeps_under_the_tolerance_each_night_fails_from_its_baseline_and_a_pin_resets_it() {
+    // 9% a night never jumps past the 10% tolerance over the night before, but by the fourth
+    // night it is 30% above the first and has risen every night: a creep, not noise.
+    let root = tmp("history-creep");
+    let db = root.join("h.db");
+    let level = |k: i32| 1_000_000.0 * 1.09f64.powi(k);
+    let add = |k: i32| {
+        let d = night(&root, &format!("n{k}"), "soak", level(k), 0.0);
+        let o = plateau(&["history", "add", s(&d), "--db", s(&db)]);
+        assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+        d
+    };
+    for k in 0..3 {
+        add(k);
+    }
+    let o = plateau(&["history", "check", "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(0), "three nights are too few to call a creep: {}", text(&o));
+    let fourth = add(3);
+    let o = plateau(&["history", "check", "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("heap.bytes level") && text(&o).contains("creeps"), "{}", text(&o));
+    // Pinned on the fourth night (a change accepted), the nights after it are measured from it.
+    let o = plateau(&["history", "pin", s(&fourth), "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = plateau(&["history", "check", "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(4), "the baseline alone is not judged: {}", text(&o));
+    add(4);
+    let o = plateau(&["history", "check", "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("pinned"), "{}", text(&o));
+    // Only a stored, complete, passing night can be a baseline.
+    let o = plateau(&["history", "pin", s(&root.join("nowhere")), "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let stray = night(&root, "stray", "soak", 5.0, 0.0);
+    let o = plateau(&["history", "pin", s(&stray), "--db", s(&db)]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("history add"), "{}", text(&o));
+}
+
+#[test]
+fn another_applications_database_is_refused_and_left_untouched() {
+    let root = tmp("history-foreign");
+    let db = root.join("other.db");
+    let c = rusqlite::Connection::open(&db).unwrap();
+    c.execute_batch("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL);").unwrap();
+    drop(c);
+    let before = std::fs::read(&db).unwrap();
+    let good = night(&root, "good", "soak", 1000.0, 0.0);
+    for args in [vec!["history", "add", s(&good), "--db", s(&db)], vec!["history", "check", "--db", s(&db)]] {
+        let o = plateau(&args);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("not a plateau history database") && text(&o).contains("invoices"), "{}", text(&o));
+    }
+    assert_eq!(std::fs::read(&db).unwrap(), before, "the other application's file was written");
+}

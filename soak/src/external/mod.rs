@@ -15,6 +15,7 @@
 //! skipped and counted.
 
 pub mod client;
+mod death;
 pub mod exposition;
 pub mod gpu;
 pub mod mapping;
@@ -29,7 +30,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, StreamExt};
-use plateau_reports::{Header, Kind, MetricSpec, SampleLine, SAMPLES_SCHEMA};
+use plateau_reports::{Header, Kind, MetricSpec, SampleLine, Verdict, SAMPLES_SCHEMA};
 
 use crate::detector::warmup_rule;
 use crate::driver::{
@@ -398,6 +399,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
             ext.url
         )));
     }
+    let oom = target.as_ref().map(|t| death::OomWatch::start(t.pid));
     let tree = target.as_ref().map(|t| tree::Tree::new(t.pid));
     let gpu = match (&tree, gpu::GpuProbe::open()) {
         (Some(_), Ok(g)) => Some(g),
@@ -515,10 +517,15 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     });
     soak.out.flush().map_err(|e| RunError::Harness(format!("{}: {e}", samples_path.display())))?;
     let wall_secs = soak.start.elapsed().as_secs_f64();
+    // A target that ended before the run did: how, before anything else touches it.
+    let target_exit = match (&outcome, soak.target.as_mut(), &oom) {
+        (Err(_), Some(t), Some(w)) => (!t.alive()).then(|| w.describe(t.exit_status())),
+        _ => None,
+    };
     if let Some(t) = &mut soak.target {
         t.stop();
     }
-    let (iterations, aborts) = (soak.iter, soak.aborts);
+    let (iterations, aborts, settle_timeouts) = (soak.iter, soak.aborts, soak.settle_timeouts);
     if soak.settle_timeouts > 0 {
         eprintln!(
             "plateau: {} of {iterations} quiescent points were sampled with requests still in flight at the target (settle timeout {} ms)",
@@ -542,11 +549,40 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     if !snapshots.end.is_empty() {
         write_json(&opts.out_dir.join("mappings.json"), &snapshots)?;
     }
+    let note = |mut v: Verdict| -> Result<Verdict, RunError> {
+        v.target_exit = target_exit.clone();
+        v.settle_timeouts = settle_timeouts;
+        if let Some(how) = &target_exit {
+            v.summary.push_str(&format!(
+                "; {how}, {}",
+                if v.failed() {
+                    "after the growth was already conclusive: the leak is the finding"
+                } else {
+                    "before any growth was conclusive: the run could not be judged"
+                }
+            ));
+        }
+        write_json(&opts.out_dir.join("verdict.json"), &v)?;
+        Ok(v)
+    };
     if let Err(e) = outcome {
-        // What was sampled before the failure is kept and judged, marked incomplete.
-        let _ = rejudge(scenario, opts, true);
-        return Err(e);
+        // What was sampled before the failure is kept and judged, marked incomplete. Growth that
+        // was conclusive before the target died is the run's finding (exit 1), not a harness
+        // failure.
+        let verdict = match rejudge(scenario, opts, true) {
+            Ok(v) => note(v)?,
+            Err(_) => return Err(e),
+        };
+        if verdict.failed() {
+            eprintln!("plateau: {e}");
+            let out_dir = opts.out_dir.clone();
+            return Ok(RunResult { verdict, out_dir, interrupted: true, iterations, wall_secs, aborts });
+        }
+        return Err(match &target_exit {
+            Some(how) => RunError::Harness(format!("{e}; {how}")),
+            None => e,
+        });
     }
-    let verdict = rejudge(scenario, opts, interrupted)?;
+    let verdict = note(rejudge(scenario, opts, interrupted)?)?;
     Ok(RunResult { verdict, out_dir: opts.out_dir.clone(), interrupted, iterations, wall_secs, aborts })
 }

@@ -1,35 +1,53 @@
-//! `history check`: the latest night of each scenario (and set of injections) against the
-//! passing nights before it. A gauge regressed when
-//! - its level rose more than the tolerance above the highest level of every passing night stored
-//!   (up to a year of them). Some levels move in allocator-sized steps from night to night with
-//!   nothing changed: over four clean n-sampling runs of one seed, jemalloc.metadata sat at 1.54
-//!   or 2.07 MB (a 512 KiB base block, 29%), jemalloc.resident at 6.79 or 7.32 MB (7%), and the
-//!   page tables moved 21%; the same over seeds 1-5. Measured from the highest night, such a step
-//!   is not a regression once the history has seen both sides of it; for a steady level (the
-//!   heap's live bytes: 0.03% across those seeds) the highest night is its level, and a rise of
-//!   the tolerance above it is one.
-//! - its slope rose past the steepest of the last N passing nights by more than the latest run's
-//!   resolution (the smallest steady growth that run can tell from noise, see the verdict's
-//!   trend): a slope within that margin is indistinguishable from the nights it is compared with.
+//! `history check`: each scenario's nights as a series, judged from a baseline night.
+//!
+//! Lifecycle: `history pin RUN_DIR` names the night a group (a scenario and its injections) is
+//! measured from; without a pin, the group's first complete passing night is its baseline. Check
+//! takes the complete nights from the baseline to the latest (an unfinished run measures no
+//! night) and, for each gauge of the latest night, fails it when
+//! - it jumped: its level is more than the tolerance above the highest of the nights since the
+//!   baseline. Some levels move in allocator-sized steps from night to night with nothing
+//!   changed: over four clean n-sampling runs of one seed, jemalloc.metadata sat at 1.54 or 2.07 MB
+//!   (a 512 KiB base block, 29%), jemalloc.resident at 6.79 or 7.32 MB (7%), and the page tables
+//!   moved 21%; a step the nights since the baseline have already shown is not a regression;
+//! - it creeps: over at least [`MIN_NIGHTS`] nights since the baseline the levels rise (Theil–Sen
+//!   slope above zero and a Mann–Kendall test below [`CREEP_P`], the run detector's statistics)
+//!   and the latest is more than the tolerance above the baseline's level. This is measured from
+//!   the baseline, never from the highest night: a level that creeps 9% a night never jumps by
+//!   10%, but it is 30% above its baseline by the third night after it, and the rise is monotone,
+//!   so it fails there; a noisy night does not raise the bar for it;
+//! - its slope is steeper than the steepest of the last N passing nights by more than the latest
+//!   run's resolution (the smallest steady growth that run can tell from noise): a slope within
+//!   that margin is indistinguishable from the nights it is compared with.
 //!
 //! The latest night's own verdict is not re-judged here; a failing night already failed its job.
 
 use std::path::Path;
 
 use plateau_reports::figures::{fmt_value, median};
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::detector::stats::{mann_kendall, theil_sen};
 
 use super::{db_err, HistoryError};
 
-/// Passing nights a level's range is read from at most: a year of them.
+/// Nights a group's series is read from at most: a year of them.
 const MAX_NIGHTS: usize = 365;
+
+/// Nights, the baseline included, before a creep can be judged: four monotone nights are the
+/// fewest for which Mann–Kendall's one-sided p falls under [`CREEP_P`] (1/24 = 0.042).
+pub const MIN_NIGHTS: usize = 4;
+
+/// Significance of a creep across nights. 5%: with four to a dozen nights the test has little
+/// power, and a creep is only a regression when its level is also past the tolerance.
+pub const CREEP_P: f64 = 0.05;
 
 /// How `check` judges.
 #[derive(Debug, Clone)]
 pub struct CheckOptions {
     /// Passing nights (the most recent before the latest) whose slopes the latest is compared with.
     pub last: usize,
-    /// Allowed rise of a level above the highest passing night stored, in percent.
+    /// Allowed rise of a level above the highest night since the baseline (a jump), or above
+    /// the baseline itself (a creep), in percent.
     pub level_tolerance_pct: f64,
 }
 
@@ -37,7 +55,7 @@ impl Default for CheckOptions {
     fn default() -> Self {
         // A week of nights. 10%: the heap's live bytes (jemalloc.allocated) of clean n-sampling
         // runs across seeds 1-5 stay within 0.03% of each other, RSS within 1.7%, RssAnon 0.3%;
-        // a rise of a tenth is past that; stepped levels are measured from their highest night.
+        // a rise of a tenth is past that; stepped levels jump only past the nights seen.
         CheckOptions { last: 7, level_tolerance_pct: 10.0 }
     }
 }
@@ -77,6 +95,68 @@ fn gauges(c: &Connection, db: &Path, run: i64) -> Result<Vec<(String, Row)>, His
     rows.collect::<Result<Vec<_>, _>>().map_err(|e| db_err(db, e))
 }
 
+/// The group's baseline: its pinned night, else its first complete passing night; with whether
+/// it was pinned.
+fn baseline(c: &Connection, db: &Path, sc: &str, inj: &str) -> Result<Option<(i64, String, bool)>, HistoryError> {
+    let pinned: Option<(i64, String)> = c
+        .query_row(
+            "SELECT r.id, r.started_utc FROM pins p JOIN runs r ON r.id = p.run_id WHERE p.scenario = ?1 AND p.injections = ?2",
+            params![sc, inj],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(|e| db_err(db, e))?;
+    if let Some((id, started)) = pinned {
+        return Ok(Some((id, started, true)));
+    }
+    let first: Option<(i64, String)> = c
+        .query_row(
+            "SELECT id, started_utc FROM runs WHERE scenario = ?1 AND injections = ?2 AND verdict = 'pass' AND incomplete = 0 ORDER BY started_utc, id LIMIT 1",
+            params![sc, inj],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(|e| db_err(db, e))?;
+    Ok(first.map(|(id, started)| (id, started, false)))
+}
+
+/// `history pin`: makes the stored run `r` its group's baseline. It must be a complete passing
+/// night. Returns what was pinned, for the user.
+pub fn pin(c: &Connection, db: &Path, r: &super::store::RunRecord) -> Result<String, HistoryError> {
+    let row: Option<(i64, String, String, String, bool, String)> = c
+        .query_row(
+            "SELECT id, scenario, injections, verdict, incomplete, started_utc FROM runs WHERE samples_sha256 = ?1",
+            params![r.samples_sha256],
+            |x| Ok((x.get(0)?, x.get(1)?, x.get(2)?, x.get(3)?, x.get(4)?, x.get(5)?)),
+        )
+        .optional()
+        .map_err(|e| db_err(db, e))?;
+    let Some((id, sc, inj, verdict, incomplete, started)) = row else {
+        return Err(HistoryError::Input(format!(
+            "{}: this run is not in {} (`plateau history add {} --db {}` first)",
+            r.dir.display(),
+            db.display(),
+            r.dir.display(),
+            db.display()
+        )));
+    };
+    if verdict != "pass" || incomplete {
+        return Err(HistoryError::Input(format!(
+            "{}: its verdict is {verdict}{}: a baseline must be a complete passing night",
+            r.dir.display(),
+            if incomplete { " and it did not finish" } else { "" }
+        )));
+    }
+    c.execute(
+        "INSERT INTO pins (scenario, injections, run_id) VALUES (?1, ?2, ?3)
+         ON CONFLICT (scenario, injections) DO UPDATE SET run_id = excluded.run_id",
+        params![sc, inj, id],
+    )
+    .map_err(|e| db_err(db, e))?;
+    let label = if inj.is_empty() { sc } else { format!("{sc} +{inj}") };
+    Ok(format!("{label}: the night of {started} is the baseline"))
+}
+
 pub fn check(
     c: &Connection,
     db: &Path,
@@ -101,7 +181,7 @@ pub fn check(
     let mut out = CheckOutcome::default();
     let mut runs = c
         .prepare(
-            "SELECT id, started_utc, verdict FROM runs WHERE scenario = ?1 AND injections = ?2 ORDER BY started_utc DESC, id DESC",
+            "SELECT id, started_utc, verdict FROM runs WHERE scenario = ?1 AND injections = ?2 AND incomplete = 0 ORDER BY started_utc DESC, id DESC",
         )
         .map_err(|e| db_err(db, e))?;
     for (sc, inj) in groups {
@@ -109,52 +189,85 @@ pub fn check(
         let list: Vec<(i64, String, String)> = runs
             .query_map(params![sc, inj], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .map_err(|e| db_err(db, e))?
+            .take(MAX_NIGHTS)
             .collect::<Result<_, _>>()
             .map_err(|e| db_err(db, e))?;
-        let (latest, started, _) = &list[0];
-        let passing: Vec<i64> = list[1..].iter().filter(|r| r.2 == "pass").take(MAX_NIGHTS).map(|r| r.0).collect();
-        let before = &passing[..passing.len().min(o.last)];
-        if before.is_empty() {
-            out.compared.push(format!(
-                "{label}: latest night {started} has no passing night before it to compare with (not judged)"
-            ));
+        let Some((_, started, _)) = list.first() else {
+            out.compared.push(format!("{label}: no complete night stored (not judged)"));
+            continue;
+        };
+        let Some((base_id, base_started, pinned)) = baseline(c, db, &sc, &inj)? else {
+            out.compared
+                .push(format!("{label}: latest night {started} has no passing night to measure from (not judged)"));
+            continue;
+        };
+        // Nights from the baseline to the latest, oldest first.
+        let Some(base_at) = list.iter().position(|r| r.0 == base_id) else {
+            out.compared.push(format!("{label}: its baseline {base_started} is not among its last {MAX_NIGHTS} complete nights (not judged; pin a newer one)"));
+            continue;
+        };
+        let since: Vec<i64> = list[..=base_at].iter().rev().map(|r| r.0).collect();
+        if since.len() < 2 {
+            out.compared.push(format!("{label}: latest night {started} is its baseline (not judged)"));
             continue;
         }
+        let passing: Vec<i64> = list[1..].iter().filter(|r| r.2 == "pass").map(|r| r.0).collect();
+        let before = &passing[..passing.len().min(o.last)];
         out.groups_judged += 1;
-        out.compared
-            .push(format!("{label}: latest night {started} against the {} passing nights before it", before.len()));
-        let all: Vec<Vec<(String, Row)>> = passing.iter().map(|id| gauges(c, db, *id)).collect::<Result<_, _>>()?;
-        let then = &all[..before.len()];
-        for (name, now) in gauges(c, db, *latest)? {
-            let pick = |nights: &[Vec<(String, Row)>], f: &dyn Fn(&Row) -> Option<f64>| -> Vec<f64> {
-                nights
-                    .iter()
-                    .filter_map(|night| night.iter().find(|(n, _)| *n == name).and_then(|(_, r)| f(r)))
-                    .collect()
+        out.compared.push(format!(
+            "{label}: latest night {started} against {} nights since its baseline {base_started} ({})",
+            since.len() - 1,
+            if pinned { "pinned" } else { "its first passing night; `plateau history pin` sets one" }
+        ));
+        let nights: Vec<Vec<(String, Row)>> = since.iter().map(|id| gauges(c, db, *id)).collect::<Result<_, _>>()?;
+        let then: Vec<Vec<(String, Row)>> = before.iter().map(|id| gauges(c, db, *id)).collect::<Result<_, _>>()?;
+        let (now_night, earlier) = nights.split_last().expect("two nights at least");
+        for (name, now) in now_night {
+            let find = |night: &Vec<(String, Row)>, f: &dyn Fn(&Row) -> Option<f64>| {
+                night.iter().find(|(n, _)| n == name).and_then(|(_, r)| f(r))
             };
             let fmt = |x: f64| fmt_value(x, &now.unit);
+            let tol = o.level_tolerance_pct / 100.0;
             if let Some(level) = now.level {
-                let stored = pick(&all, &|r| r.level);
-                let highest = stored.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let limit = highest + highest.abs() * o.level_tolerance_pct / 100.0;
-                if !stored.is_empty() && level > limit {
-                    let pct = if highest.abs() > 0.0 {
-                        format!("{:+.1}%", (level - highest) / highest.abs() * 100.0)
-                    } else {
-                        "up from 0".into()
-                    };
+                let seen: Vec<f64> = earlier.iter().filter_map(|n| find(n, &|r| r.level)).collect();
+                let highest = seen.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let base = find(&nights[0], &|r| r.level);
+                if !seen.is_empty() && level > highest + highest.abs() * tol {
                     out.regressions.push(format!(
-                        "{label}: {name} level {} is {pct} above the highest of the {} passing nights stored ({}; median of the last {}: {}); tolerance {}%",
+                        "{label}: {name} level {} jumped {} above the highest of the {} nights since the baseline ({}; median {}); tolerance {}%",
                         fmt(level),
-                        stored.len(),
+                        pct(level, highest),
+                        seen.len(),
                         fmt(highest),
-                        then.len(),
-                        median(&mut pick(then, &|r| r.level)).map_or("-".into(), fmt),
+                        median(&mut seen.clone()).map_or("-".into(), fmt),
                         o.level_tolerance_pct
                     ));
+                } else if let Some(base) = base.filter(|b| level > b + b.abs() * tol) {
+                    let series: Vec<(f64, f64)> = nights
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(k, n)| find(n, &|r| r.level).map(|v| (k as f64, v)))
+                        .collect();
+                    if series.len() >= MIN_NIGHTS {
+                        let x: Vec<f64> = series.iter().map(|p| p.0).collect();
+                        let y: Vec<f64> = series.iter().map(|p| p.1).collect();
+                        let slope = theil_sen(&x, &y);
+                        let p = mann_kendall(&x, &y, slope).p_increase;
+                        if slope > 0.0 && p < CREEP_P {
+                            out.regressions.push(format!(
+                                "{label}: {name} level {} creeps {}/night over {} nights (p = {p:.3}), {} above its baseline ({}); tolerance {}%",
+                                fmt(level),
+                                fmt(slope),
+                                series.len(),
+                                pct(level, base),
+                                fmt(base),
+                                o.level_tolerance_pct
+                            ));
+                        }
+                    }
                 }
             }
-            let slopes = pick(then, &|r| r.slope);
+            let slopes: Vec<f64> = then.iter().filter_map(|n| find(n, &|r| r.slope)).collect();
             if let (Some(slope), Some(res)) = (now.slope, now.resolution) {
                 if let Some(steepest) = slopes.iter().copied().reduce(f64::max) {
                     if slope > steepest + res {
@@ -171,4 +284,13 @@ pub fn check(
         }
     }
     Ok(out)
+}
+
+/// "+12.3%" of `v` over `base`, or "up from 0".
+fn pct(v: f64, base: f64) -> String {
+    if base.abs() > 0.0 {
+        format!("{:+.1}%", (v - base) / base.abs() * 100.0)
+    } else {
+        "up from 0".into()
+    }
 }

@@ -3,8 +3,8 @@
 //! Lifecycle: each night's CI job runs its scenarios, then `history add` stores every run
 //! directory (header, environment, verdict and per-metric level and slope, see
 //! [`plateau_reports::figures`]); `history show` prints the trend and writes an HTML page of it;
-//! `history check` compares the latest night of each scenario with its last N passing nights and
-//! fails on a level or slope that regressed beyond the stated tolerance. The schema is versioned
+//! `history check` judges each scenario's nights as a series from a baseline night (`history pin`)
+//! and fails on a level that jumped or creeps, or a slope that steepened, beyond the tolerance. The schema is versioned
 //! from its first table (`PRAGMA user_version`): [`open`] applies the migrations a database lacks
 //! and refuses one written by a newer plateau.
 
@@ -17,7 +17,8 @@ use std::path::Path;
 use rusqlite::Connection;
 
 /// Migrations in order; the database's `user_version` is how many of them it has.
-const MIGRATIONS: [&str; 1] = ["
+const MIGRATIONS: [&str; 2] = [
+    "
 CREATE TABLE runs (
     id INTEGER PRIMARY KEY,
     -- SHA-256 of the run's samples.jsonl: the same run added twice is stored once.
@@ -54,7 +55,17 @@ CREATE TABLE metrics (
     resolution_per_iter REAL,
     PRIMARY KEY (run_id, name)
 );
-"];
+",
+    "
+-- The night each group (scenario and injections) is measured from (`history pin`).
+CREATE TABLE pins (
+    scenario TEXT NOT NULL,
+    injections TEXT NOT NULL,
+    run_id INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+    PRIMARY KEY (scenario, injections)
+);
+",
+];
 
 /// The schema version this plateau writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -87,6 +98,22 @@ pub fn open(path: &Path, create: bool) -> Result<Connection, HistoryError> {
     let version: i64 = c
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(|e| HistoryError::Input(format!("--db {}: not a plateau history database ({e})", path.display())))?;
+    if version == 0 {
+        // A database plateau did not make: never write tables into another application's file.
+        let tables: Vec<String> = c
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 5")
+            .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+            .map_err(|e| {
+                HistoryError::Input(format!("--db {}: not a plateau history database ({e})", path.display()))
+            })?;
+        if !tables.is_empty() {
+            return Err(HistoryError::Input(format!(
+                "--db {}: not a plateau history database: it holds other tables ({}) and no plateau schema; give a new file",
+                path.display(),
+                tables.join(", ")
+            )));
+        }
+    }
     if version > SCHEMA_VERSION {
         return Err(HistoryError::Input(format!(
             "--db {}: schema version {version} is newer than this plateau knows ({SCHEMA_VERSION}); use a newer plateau",

@@ -76,7 +76,12 @@ pub fn add(c: &mut Connection, db: &Path, runs: &[RunRecord], now_utc: &str) -> 
                     v.injections.join(","),
                     v.iterations as i64,
                     v.warmup_iterations as i64,
-                    v.verdict.as_str(),
+                    // An unfinished run is never stored as a passing night.
+                    if v.incomplete && v.verdict == plateau_reports::Status::Pass {
+                        "inconclusive"
+                    } else {
+                        v.verdict.as_str()
+                    },
                     v.incomplete,
                     v.summary,
                     field(&env.commit),

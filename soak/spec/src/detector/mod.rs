@@ -361,6 +361,8 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
         seconds_per_iter: pace.seconds_per_iter,
         tolerance: cfg.tolerance.to_string(),
         warnings,
+        target_exit: None,
+        settle_timeouts: 0,
         metrics,
     }
 }
