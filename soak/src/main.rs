@@ -611,7 +611,8 @@ fn dispatch(cli: Cli) -> u8 {
                 backend,
                 seed,
                 injections: inject.into_iter().collect(),
-                listen: format!("{host}:{port}"),
+                host,
+                port,
             };
             match plateau_soak::serve::serve(&s, &opts) {
                 Ok(()) => PASS,

@@ -271,3 +271,13 @@ fn a_spawned_server_that_dies_at_start_shows_its_log() {
     assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(err.contains("no model here"), "{err}");
 }
+
+#[test]
+fn serve_on_a_port_in_use_names_its_own_flag() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let o = plateau(&["serve", "--port", &port]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("--port {port}")) && stderr(&o).contains("in use"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("--listen"), "{}", stderr(&o));
+}

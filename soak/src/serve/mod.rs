@@ -27,8 +27,10 @@ pub struct ServeOptions {
     pub backend: Option<String>,
     pub seed: u64,
     pub injections: Injections,
-    /// Address to bind, such as 127.0.0.1:8000.
-    pub listen: String,
+    /// Host to bind (`--host`), such as 127.0.0.1.
+    pub host: String,
+    /// Port to bind (`--port`); 0 picks a free one.
+    pub port: u16,
 }
 
 /// Serves until interrupted (Ctrl-C) or killed. Returns when the server stops.
@@ -44,8 +46,8 @@ pub fn serve(scenario: &Scenario, opts: &ServeOptions) -> Result<(), RunError> {
         .build()
         .map_err(|e| RunError::Harness(format!("tokio runtime: {e}")))?;
     let listener = runtime
-        .block_on(tokio::net::TcpListener::bind(&opts.listen))
-        .map_err(|e| RunError::Input(format!("--listen {}: {e}", opts.listen)))?;
+        .block_on(tokio::net::TcpListener::bind((opts.host.as_str(), opts.port)))
+        .map_err(|e| RunError::Input(bind_error(opts, &e)))?;
     let addr = listener.local_addr().map_err(|e| RunError::Harness(e.to_string()))?;
     let (tx, rx) = std::sync::mpsc::sync_channel(COMMAND_QUEUE);
     let engine_thread = std::thread::Builder::new()
@@ -66,4 +68,18 @@ pub fn serve(scenario: &Scenario, opts: &ServeOptions) -> Result<(), RunError> {
     let engine_result = engine_thread.join().map_err(|_| RunError::Harness("the engine thread panicked".into()))?;
     served.map_err(|e| RunError::Harness(format!("server: {e}")))?;
     engine_result.map_err(RunError::Harness)
+}
+
+/// Why `--host`/`--port` could not be bound, in the flags the user gave.
+fn bind_error(opts: &ServeOptions, e: &std::io::Error) -> String {
+    let (host, port) = (&opts.host, opts.port);
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => {
+            format!("--port {port}: {host}:{port} is already in use; choose another --port (0 picks a free one)")
+        }
+        std::io::ErrorKind::PermissionDenied => {
+            format!("--port {port}: not allowed to bind {host}:{port} ({e}); ports below 1024 need privileges")
+        }
+        _ => format!("--host {host} --port {port}: {e}"),
+    }
 }
