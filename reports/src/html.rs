@@ -339,6 +339,7 @@ mod tests {
             resolution_per_iter: 0.1,
             resolution_per_request: None,
             tolerance_per_iter: 0.0,
+            noise_resolution_per_iter: None,
         };
         MetricVerdict {
             name: name.into(),

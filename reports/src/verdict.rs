@@ -58,6 +58,11 @@ pub struct Trend {
     pub resolution_per_request: Option<f64>,
     /// Growth at or below this rate passes (the run's tolerance). Unit per iteration.
     pub tolerance_per_iter: f64,
+    /// What the series' own noise resolves, the tolerance set to zero: the run's sensitivity, apart
+    /// from what the tolerance chooses to accept. `resolution_per_iter` is the larger of the two
+    /// (and a little more). Unit per iteration; absent in files written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub noise_resolution_per_iter: Option<f64>,
 }
 
 /// A place in the source behind a failure: where a registry's leftover entries were inserted, or

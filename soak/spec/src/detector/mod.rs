@@ -195,6 +195,13 @@ fn judge_gauge(
     let j = gauge::judge(&series, cfg);
     let failed = j.status == Status::Fail;
     let resolution = gauge::resolution(&series, j.slope, failed, cfg);
+    // The same search with no tolerance: what the noise alone resolves. The two differ where the
+    // tolerance, not the noise, sets the bar (a quiet heap in a run of many requests).
+    let noise_resolution = if tolerance_per_iter > 0.0 {
+        gauge::resolution(&Series { tolerance_per_iter: 0.0, ..series }, j.slope, failed, cfg)
+    } else {
+        resolution
+    };
     let per_request = |v: f64| pace.requests_per_iter.map(|r| v / r);
     let mut m = blank(name, spec, j.status, j.reason);
     m.max_value = y.iter().copied().reduce(f64::max);
@@ -213,6 +220,7 @@ fn judge_gauge(
         resolution_per_iter: resolution,
         resolution_per_request: per_request(resolution),
         tolerance_per_iter,
+        noise_resolution_per_iter: Some(noise_resolution),
     });
     if failed {
         m.first_iter = Some(gauge::first_conclusive(&series, cfg));
@@ -237,6 +245,13 @@ fn judge_gauge(
         m.projected = Some(p);
     } else if j.status == Status::Pass && resolution.is_finite() {
         m.reason.push_str(&format!("; resolves {}/iteration", fmt_value(resolution, &spec.unit)));
+        if tolerance_per_iter > 0.0 && noise_resolution.is_finite() {
+            m.reason.push_str(&format!(
+                " (its noise alone {}, the tolerance accepts {})",
+                fmt_value(noise_resolution, &spec.unit),
+                fmt_value(tolerance_per_iter, &spec.unit)
+            ));
+        }
     }
     m
 }
@@ -299,7 +314,15 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
                 .resolution_per_request
                 .map(|r| format!(", {} per request", fmt_value(r, "bytes")))
                 .unwrap_or_default();
-            format!("; the heap resolves {}/iteration{per_req}", fmt_value(t.resolution_per_iter, "bytes"))
+            let split = match t.noise_resolution_per_iter {
+                Some(n) if t.tolerance_per_iter > 0.0 && n.is_finite() => format!(
+                    " (its noise alone resolves {}/iteration; the tolerance accepts {}/iteration)",
+                    fmt_value(n, "bytes"),
+                    fmt_value(t.tolerance_per_iter, "bytes")
+                ),
+                _ => String::new(),
+            };
+            format!("; the heap resolves {}/iteration{per_req}{split}", fmt_value(t.resolution_per_iter, "bytes"))
         })
         .next()
         .unwrap_or_default();

@@ -239,6 +239,33 @@ fn every_judged_gauge_states_its_resolution_and_a_failure_its_cost() {
 }
 
 #[test]
+fn the_resolution_of_the_noise_and_what_the_tolerance_accepts_are_reported_apart() {
+    // A quiet heap (noise 8 B) at 20 requests per iteration: a tolerance of 3 B/request accepts
+    // 60 B/iteration, far above what the noise alone resolves.
+    let mut s = gauge(N, |i| BASE + jitter(i, 8.0));
+    s.header.metrics.insert(
+        "engine.requests_added".into(),
+        MetricSpec { role: Some("requests".into()), ..MetricSpec::new(Kind::Counter, "count") },
+    );
+    s.names = s.header.metrics.keys().cloned().collect();
+    for r in &mut s.rows {
+        r.values = vec![Some(20.0 * r.iter as f64), r.values[0]];
+    }
+    let cfg = DetectorConfig { tolerance: "3B/request".parse().unwrap(), ..DetectorConfig::default() };
+    let v = analyze(&s, &cfg, false);
+    let m = v.metrics.iter().find(|m| m.name == "g").unwrap();
+    let t = m.trend.as_ref().unwrap();
+    let noise = t.noise_resolution_per_iter.unwrap();
+    assert_eq!((m.status, t.tolerance_per_iter), (Status::Pass, 60.0));
+    assert!(noise < 30.0 && t.resolution_per_iter >= 60.0, "{t:?}");
+    assert!(m.reason.contains("noise alone") && m.reason.contains("tolerance accepts 60 B"), "{}", m.reason);
+    // With no tolerance the two figures are one.
+    let v = analyze(&s, &DetectorConfig { tolerance: "0".parse().unwrap(), ..DetectorConfig::default() }, false);
+    let t = v.metrics.iter().find(|m| m.name == "g").unwrap().trend.clone().unwrap();
+    assert_eq!(t.noise_resolution_per_iter, Some(t.resolution_per_iter));
+}
+
+#[test]
 fn a_counter_that_goes_down_fails() {
     let mut s = gauge(40, |i| i as f64);
     s.header.metrics.insert("g".into(), MetricSpec::new(Kind::Counter, "count"));
