@@ -36,6 +36,10 @@ pub struct EngineConfig {
     pub engine_id: u32,
     /// Prefill side: how long KV is held for a decode side that never pulls it.
     pub kv_transfer_timeout_ms: u64,
+    /// Decode side: KV pulls in flight at once. A transfer engine bounds its in-flight reads; the
+    /// requests past the bound stay queued awaiting their KV (no blocks allocated yet) until a
+    /// pull ends, which is where a client's abort finds them.
+    pub max_pulls_in_flight: usize,
 }
 
 impl Default for EngineConfig {
@@ -57,6 +61,7 @@ impl Default for EngineConfig {
             role: crate::pd::Role::Monolithic,
             engine_id: 0,
             kv_transfer_timeout_ms: 5_000,
+            max_pulls_in_flight: 64,
         }
     }
 }
@@ -66,6 +71,9 @@ impl EngineConfig {
     pub(crate) fn check(&self, max_position_embeddings: usize) -> Result<usize> {
         if self.block_size == 0 || self.num_kv_blocks == 0 {
             return Err(EngineError::Config("block_size and num_kv_blocks must be positive".into()));
+        }
+        if self.max_pulls_in_flight == 0 {
+            return Err(EngineError::Config("max_pulls_in_flight must be positive".into()));
         }
         if self.max_num_seqs == 0 || self.max_num_batched_tokens == 0 {
             return Err(EngineError::Config("max_num_seqs and max_num_batched_tokens must be positive".into()));

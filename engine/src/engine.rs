@@ -59,7 +59,14 @@ impl Engine {
         let c = &config;
         let kv = KvManager::new(c.num_kv_blocks, c.block_size, c.enable_prefix_caching, &mut book);
         let encoder = EncoderCache::new(c.encoder_cache_tokens, c.encoder_cache_entries, &mut book);
-        let conn = KvConnector::new(c.role, c.engine_id, c.kv_transfer_timeout_ms, c.injections.clone(), &mut book);
+        let conn = KvConnector::new(
+            c.role,
+            c.engine_id,
+            c.kv_transfer_timeout_ms,
+            c.max_pulls_in_flight,
+            c.injections.clone(),
+            &mut book,
+        );
         let store = RequestStore::new(&mut book);
         let scheduler =
             Scheduler::new(c.max_num_batched_tokens, c.max_num_seqs, c.max_encoder_tokens_per_step, &mut book);

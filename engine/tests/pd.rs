@@ -177,3 +177,50 @@ fn pd_injections_leave_registries_behind() {
         assert_eq!(d.check_idle(), Ok(()));
     }
 }
+
+#[test]
+fn pulls_past_the_in_flight_limit_wait_for_their_kv_and_all_finish() {
+    let (mut p, _) = pair(None);
+    let mut d = engine_with(|c| {
+        c.role = Role::Decode;
+        c.engine_id = 2;
+        c.kv_transfer_timeout_ms = 100;
+        c.max_pulls_in_flight = 1;
+    });
+    let reqs: Vec<Request> = (0..3).map(|i| greedy(i, 20, 4)).collect();
+    let originals: BTreeMap<u64, Request> = reqs.iter().map(|r| (r.id, r.clone())).collect();
+    for mut r in reqs {
+        r.params.max_tokens = 1;
+        p.add_request(r).unwrap();
+    }
+    for o in drain(&mut p, 50) {
+        d.add_remote_request(originals[&o.id].clone(), o.transfer.clone().unwrap()).unwrap();
+    }
+    let mut finished = Vec::new();
+    for _ in 0..50 {
+        d.step().unwrap().into_iter().for_each(|o| finished.push(o.finish()));
+        let orders = d.take_pull_orders();
+        assert!(orders.len() <= 1, "{} pulls started at once past a limit of 1", orders.len());
+        let pulling: Vec<u64> = (0..3).filter(|&id| d.stage(id) == Some(RequestStage::PullingKv)).collect();
+        assert!(pulling.len() <= 1, "pulling at once: {pulling:?}");
+        if let Some(first) = orders.first() {
+            let waiting = (0..3).filter(|&id| d.stage(id) == Some(RequestStage::AwaitingKv)).count();
+            assert_eq!(waiting, 2 - first.request as usize, "the rest await their KV in arrival order");
+        }
+        for order in orders {
+            let data = p.export_kv(order.request, order.handle, &order.remote_blocks);
+            d.pull_done(order.request, data);
+        }
+        for n in d.take_notices() {
+            if let Notice::Pulled { request, .. } = n {
+                assert!(p.release_transfer(request, false));
+            }
+        }
+        if !d.has_unfinished() {
+            break;
+        }
+    }
+    assert_eq!(finished.len(), 3);
+    assert!(finished.iter().all(|f| *f != FinishReason::Aborted && *f != FinishReason::Error), "{finished:?}");
+    assert_eq!(d.check_idle(), Ok(()));
+}

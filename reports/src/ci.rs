@@ -192,6 +192,7 @@ mod tests {
             location: None,
             projected: None,
             sites: Vec::new(),
+            needs_iterations: None,
         }
     }
 

@@ -354,6 +354,7 @@ mod tests {
             location: None,
             projected: None,
             sites: vec![],
+            needs_iterations: None,
         }
     }
 

@@ -130,6 +130,10 @@ pub struct MetricVerdict {
     /// growth (most first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sites: Vec<Site>,
+    /// An undecided gauge's run length that would decide it (the iteration by which the next
+    /// step of a staircase is overdue); `run --until-decided` goes on to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needs_iterations: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

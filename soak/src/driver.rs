@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plateau_engine::{AbortOutcome, Engine, Injections, RequestStage, Role, WeightSource};
-use plateau_reports::{Header, SampleLine, Verdict, SAMPLES_SCHEMA};
+use plateau_reports::{Header, SampleLine, Status, Verdict, SAMPLES_SCHEMA};
 
 use crate::analysis::{judge_file, write_outputs, JudgeOptions};
 use crate::detector::{spec_of, warmup_rule};
@@ -24,6 +24,7 @@ use crate::pd::pair::{PdOptions, PdPair};
 use crate::probes::{purge_every, sample_engine, ProcessProbes, Settle};
 use crate::scenario::{parse_duration_secs, Abort, PdMode, Phase, Scenario, Stage};
 use crate::system::System;
+use crate::triggers::{PhaseTraits, Triggers};
 use crate::workload::{rng_for, Workload};
 
 /// Engine steps one phase may take before the run is declared stuck.
@@ -54,6 +55,9 @@ impl Progress {
 pub struct RunOptions {
     pub iterations: Option<u64>,
     pub duration: Option<String>,
+    /// `--until-decided`: the cap (in iterations) a run undecided at its planned length may be
+    /// extended to.
+    pub until_decided: Option<u64>,
     pub seed: Option<u64>,
     pub injections: Injections,
     pub backend: Option<String>,
@@ -91,6 +95,8 @@ pub struct RunResult {
     pub iterations: u64,
     pub wall_secs: f64,
     pub aborts: AbortCounts,
+    /// Each trigger the scenario claims and how often it fired (also in triggers.json).
+    pub triggers: Vec<crate::triggers::TriggerCount>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -107,7 +113,7 @@ pub struct AbortCounts {
 pub fn build_engine(s: &Scenario, backend: &str, injections: Injections, seed: u64) -> Result<Engine, RunError> {
     let backend = resolve_backend(backend)?;
     let dtype = plateau_engine::model::cuda::DType::parse(&s.engine.dtype).map_err(RunError::Input)?;
-    plateau_engine::model::factory::engine_on(backend, s.engine.to_config(injections, seed), dtype)
+    plateau_engine::model::factory::engine_on(backend, s.engine_config(injections, seed), dtype)
         .map_err(|err| RunError::Input(format!("engine: {err}")))
 }
 
@@ -136,7 +142,7 @@ pub fn build_system(
                 "[pd] mode = \"processes\" runs its nodes on the cpu backend; use --backend cpu".into(),
             ));
         }
-        let mut config = s.engine.to_config(injections.clone(), seed);
+        let mut config = s.engine_config(injections.clone(), seed);
         config.kv_transfer_timeout_ms = pd.kv_transfer_timeout_ms;
         let spec = crate::pd::remote::NodeSpec {
             scenario: source.to_string(),
@@ -184,6 +190,9 @@ struct Driver<'a> {
     rss_bytes: f64,
     /// A purge at every this many quiescent points ([`purge_every`]).
     purge_every: u64,
+    /// What really fired, and what the phase being driven asks its requests for.
+    triggers: Triggers,
+    phase_traits: PhaseTraits,
 }
 
 impl Driver<'_> {
@@ -241,6 +250,7 @@ impl Driver<'_> {
         for step in 0..MAX_STEPS_PER_PHASE {
             let engine = &mut self.engine;
             let counts = &mut self.aborts;
+            let fired = &mut self.triggers;
             targets.retain(|&(id, stage, trigger)| {
                 let Some(now) = engine.stage(id) else {
                     counts.missed += 1;
@@ -259,6 +269,7 @@ impl Driver<'_> {
                 if hit {
                     if engine.abort(id) == AbortOutcome::Aborted {
                         counts.aborted += 1;
+                        fired.aborted(stage);
                     }
                     return false;
                 }
@@ -268,8 +279,7 @@ impl Driver<'_> {
                 self.aborts.missed += targets.len() as u64;
                 return Ok(());
             }
-            let now_ms = self.start.elapsed().as_millis() as u64;
-            self.engine.step(now_ms).map_err(|e| self.engine_err("step", e))?;
+            self.step()?;
             if self.interval.is_some_and(|i| self.last_sample.elapsed() >= i) {
                 self.sample(false)?;
             }
@@ -280,6 +290,17 @@ impl Driver<'_> {
         )))
     }
 
+    /// One step of the system at the shell's clock; what ended in it is counted against the
+    /// phase's triggers.
+    fn step(&mut self) -> Result<(), RunError> {
+        let now_ms = self.start.elapsed().as_millis() as u64;
+        let outputs = self.engine.step(now_ms).map_err(|e| self.engine_err("step", e))?;
+        for o in &outputs {
+            self.triggers.finished(o, &self.phase_traits);
+        }
+        Ok(())
+    }
+
     /// Waits, stepping, for work that ends by itself (KV held until its transfer timeout), at most
     /// twice its longest time plus 100 ms: what is still there then is left for the sample to see.
     fn settle(&mut self) -> Result<(), RunError> {
@@ -287,8 +308,7 @@ impl Driver<'_> {
         let t0 = Instant::now();
         while self.engine.unsettled() > 0 && t0.elapsed() < limit {
             std::thread::sleep(Duration::from_millis(1));
-            let now_ms = self.start.elapsed().as_millis() as u64;
-            self.engine.step(now_ms).map_err(|e| self.engine_err("step", e))?;
+            self.step()?;
         }
         Ok(())
     }
@@ -305,6 +325,7 @@ impl Driver<'_> {
 
     fn run_phase(&mut self, index: usize, phase: &Phase) -> Result<(), RunError> {
         let iter = self.iter + 1;
+        self.phase_traits = PhaseTraits::of(phase);
         match phase {
             Phase::Batch(b) => {
                 let reqs = self.workload.batch(index, b, iter);
@@ -350,7 +371,9 @@ impl Driver<'_> {
                     };
                     self.engine.update_weights(source).map_err(|e| self.engine_err("update_weights", e))?;
                 }
-                self.engine.wake().map_err(|e| self.engine_err("wake", e))
+                self.engine.wake().map_err(|e| self.engine_err("wake", e))?;
+                self.triggers.woke();
+                Ok(())
             }
         }
     }
@@ -359,6 +382,7 @@ impl Driver<'_> {
         match self.engine.add_request(bad) {
             Err(_) => {
                 self.aborts.invalid_refused += 1;
+                self.triggers.refused();
                 Ok(())
             }
             Ok(()) => Err(RunError::Harness(format!("the engine accepted an invalid request ({what})"))),
@@ -443,6 +467,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         aborts: AbortCounts::default(),
         rss_bytes: 0.0,
         purge_every: purge_every(known_length, warmup, crate::detector::DetectorConfig::default().min_points as u64),
+        triggers: Triggers::default(),
+        phase_traits: PhaseTraits::default(),
     };
     let bar = (opts.progress == Progress::Bar).then(|| {
         let pb = if limit == MAX_ITERATIONS {
@@ -460,7 +486,13 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     let mut last_line = Instant::now();
     d.sample(true)?;
     let mut interrupted = false;
-    for iter in 1..=limit {
+    // The planned length; `--until-decided` moves it on while the verdict is undecided.
+    let mut planned = limit;
+    let mut extensions: Vec<u64> = Vec::new();
+    for iter in 1..=opts.until_decided.unwrap_or(limit).max(limit) {
+        if iter > planned {
+            break;
+        }
         if duration.is_some_and(|dur| d.start.elapsed() >= dur) {
             break;
         }
@@ -501,8 +533,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
                 pb.set_position(iter);
                 pb.set_message(msg);
             }
-            (None, Progress::Lines) if last_line.elapsed() >= Duration::from_secs(10) || iter == limit => {
-                eprintln!("plateau: iteration {iter}/{limit}, {:.1} s, {msg}", d.start.elapsed().as_secs_f64());
+            (None, Progress::Lines) if last_line.elapsed() >= Duration::from_secs(10) || iter == planned => {
+                eprintln!("plateau: iteration {iter}/{planned}, {:.1} s, {msg}", d.start.elapsed().as_secs_f64());
                 last_line = Instant::now();
             }
             _ => {}
@@ -510,6 +542,22 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         if d.interrupt.load(Ordering::Relaxed) {
             interrupted = true;
             break;
+        }
+        if let Some(cap) = opts.until_decided.filter(|_| iter == planned) {
+            d.out.flush().map_err(|e| d.io_err(e))?;
+            let next = undecided_until(scenario, opts, &samples_path, planned, cap)?;
+            if let Some(next) = next {
+                if opts.progress != Progress::Quiet {
+                    eprintln!(
+                        "plateau: undecided at iteration {planned}: going on to {next} (--until-decided, cap {cap})"
+                    );
+                }
+                extensions.push(next);
+                planned = next;
+                if let Some(pb) = &bar {
+                    pb.set_length(planned);
+                }
+            }
         }
     }
     if let Some(pb) = bar {
@@ -521,10 +569,16 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     let wall_secs = d.start.elapsed().as_secs_f64();
     let (iterations_done, aborts) = (d.iter, d.aborts);
     let residues = d.engine.residues();
+    let triggers = d.triggers.report(scenario);
     drop(d);
+    write_json(&opts.out_dir.join("triggers.json"), &triggers)?;
     write_json(&opts.out_dir.join("mappings.json"), &snapshots)?;
     write_json(&opts.out_dir.join("residues.json"), &residues)?;
-    let verdict = rejudge(scenario, opts, interrupted)?;
+    let mut verdict = rejudge(scenario, opts, interrupted)?;
+    if let Some(cap) = opts.until_decided {
+        verdict.warnings.push(until_decided_story(limit, &extensions, cap, &verdict));
+        write_json(&opts.out_dir.join("verdict.json"), &verdict)?;
+    }
     Ok(RunResult {
         verdict,
         out_dir: opts.out_dir.clone(),
@@ -532,14 +586,69 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         iterations: iterations_done,
         wall_secs,
         aborts,
+        triggers,
     })
+}
+
+/// Iterations an undecided run goes on by when no gauge says how long it needs: half its length
+/// again, so that a trend's test gains about as many points as a step's spacing would need.
+const UNDECIDED_GROWTH: f64 = 1.5;
+
+/// At the planned length of a run that goes on until decided: judges the samples so far and
+/// returns the length to go on to (what the undecided gauges say they need, else half as long
+/// again, rounded up to 50 and at most `cap`), or None when the verdict is decided or the cap is
+/// reached.
+fn undecided_until(
+    scenario: &Scenario,
+    opts: &RunOptions,
+    samples: &Path,
+    planned: u64,
+    cap: u64,
+) -> Result<Option<u64>, RunError> {
+    let judge = JudgeOptions {
+        warmup: None,
+        tolerance: opts.tolerance.or_else(|| scenario.soak.tolerance()),
+        tolerance_explicit: false,
+        incomplete: false,
+    };
+    let (_, v) = crate::analysis::judge_file(samples, &judge).map_err(RunError::Harness)?;
+    if v.verdict != Status::Inconclusive || planned >= cap {
+        return Ok(None);
+    }
+    let asked = v.metrics.iter().filter(|m| m.status == Status::Inconclusive).filter_map(|m| m.needs_iterations).max();
+    let grown = (planned as f64 * UNDECIDED_GROWTH).ceil() as u64;
+    let next = asked.unwrap_or(grown).max(planned + 1).div_ceil(50) * 50;
+    Ok(Some(next.min(cap)))
+}
+
+/// The verdict's line on how long a run that went on until decided ran, and why it stopped.
+fn until_decided_story(planned: u64, extensions: &[u64], cap: u64, v: &Verdict) -> String {
+    let lengths: Vec<String> =
+        std::iter::once(planned).chain(extensions.iter().copied()).map(|n| n.to_string()).collect();
+    let ran = if extensions.is_empty() {
+        format!("decided at its planned {planned} iterations")
+    } else {
+        format!("went on from {} iterations", lengths.join(" to "))
+    };
+    let end = if v.verdict == Status::Inconclusive && !v.incomplete {
+        let undecided: Vec<&str> =
+            v.metrics.iter().filter(|m| m.status == Status::Inconclusive).map(|m| m.name.as_str()).collect();
+        format!(
+            "; still undecided at the cap of {cap} iterations ({}): a longer --max-iterations would tell",
+            undecided.join(", ")
+        )
+    } else {
+        String::new()
+    };
+    format!("--until-decided: {ran}{end}")
 }
 
 /// What a run writes beside its samples, read back when the run is judged: left in the directory
 /// by an earlier run, any of them would be read as this run's (an earlier interrupted verdict, an
 /// earlier replay's growth sites).
-const RUN_OUTPUTS: [&str; 10] = [
+const RUN_OUTPUTS: [&str; 11] = [
     "report.html",
+    "triggers.json",
     "verdict.json",
     "mappings.json",
     "residues.json",

@@ -34,3 +34,4 @@ pub mod probes;
 pub mod selftest;
 pub mod serve;
 pub mod system;
+pub mod triggers;

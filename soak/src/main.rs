@@ -122,6 +122,8 @@ struct ExternalArgs {
     request_timeout_s: u64,
 }
 
+// Parsed once per process: the size of `run`'s flags next to the small subcommands costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a soak: SCENARIO is a .toml file or the name of a shipped scenario (see `plateau list`).
@@ -139,6 +141,15 @@ enum Cmd {
         /// Run for a wall-clock time instead: 90s, 10m, 2h.
         #[arg(long)]
         duration: Option<String>,
+        /// While a gauge is undecided at the planned length (a staircase whose next step is not
+        /// yet due, too few points), go on in steps to the length that would decide it, up to
+        /// --max-iterations; a run still undecided there exits 4 saying what it saw.
+        #[arg(long, conflicts_with = "duration")]
+        until_decided: bool,
+        /// The cap of --until-decided (default: the scenario's `[soak] max_iterations`, else four
+        /// times the planned length).
+        #[arg(long, requires = "until_decided", value_parser = clap::value_parser!(u64).range(1..))]
+        max_iterations: Option<u64>,
         /// Switch on a leak injection (repeatable; see `plateau list`).
         #[arg(long = "inject", value_name = "NAME")]
         inject: Vec<Injection>,
@@ -354,6 +365,8 @@ fn dispatch(cli: Cli) -> u8 {
             seed,
             iterations,
             duration,
+            until_decided,
+            max_iterations,
             inject,
             out,
             sample_interval_ms,
@@ -379,6 +392,16 @@ fn dispatch(cli: Cli) -> u8 {
                     return USAGE;
                 }
             };
+            let planned = iterations.unwrap_or(s.soak.iterations);
+            let cap = max_iterations.or(s.soak.max_iterations).unwrap_or(planned.saturating_mul(4));
+            if until_decided && cap < planned {
+                eprintln!("plateau: --max-iterations {cap} is below the run's planned length ({planned} iterations)");
+                return USAGE;
+            }
+            if until_decided && external.target.is_some() {
+                eprintln!("plateau: --until-decided: not yet available with --target (plateau's own engine only); give --iterations");
+                return USAGE;
+            }
             let interrupt = Arc::new(AtomicBool::new(false));
             let flag = Arc::clone(&interrupt);
             // A second handler cannot be installed (selftest children run in their own process).
@@ -415,6 +438,7 @@ fn dispatch(cli: Cli) -> u8 {
             let opts = RunOptions {
                 iterations,
                 duration,
+                until_decided: until_decided.then_some(cap),
                 seed,
                 injections: inject.into_iter().collect::<Injections>(),
                 backend,
@@ -477,6 +501,17 @@ fn dispatch(cli: Cli) -> u8 {
                         r.aborts.invalid_refused,
                         r.out_dir.display()
                     );
+                    if !r.triggers.is_empty() {
+                        eprintln!("plateau: triggers fired: {}", plateau_soak::triggers::summary(&r.triggers));
+                        for t in plateau_soak::triggers::short(&r.triggers) {
+                            eprintln!(
+                                "plateau: warning: the scenario claims {} but it fired {} times (fewer than {}): a leak on that path could not be seen",
+                                t.trigger,
+                                t.fired,
+                                plateau_soak::triggers::MIN_FIRED
+                            );
+                        }
+                    }
                     let mut inj: String = r.verdict.injections.iter().map(|i| format!(" --inject {i}")).collect();
                     if let Some(url) = &external.target {
                         inj.push_str(&format!(" --target {url}"));

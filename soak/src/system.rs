@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use plateau_engine::{
-    AbortOutcome, Engine, EngineConfig, EngineError, IdleViolation, Metric, ModelConfig, Request, RequestStage,
-    WeightSource,
+    AbortOutcome, Engine, EngineConfig, EngineError, IdleViolation, Metric, ModelConfig, Request, RequestOutput,
+    RequestStage, WeightSource,
 };
 use plateau_reports::MetricSpec;
 use serde::{Deserialize, Serialize};
@@ -42,8 +42,9 @@ impl Residue {
 
 pub trait System {
     fn add_request(&mut self, r: Request) -> Result<(), EngineError>;
-    /// One step of everything; `now_ms` is the shell's clock.
-    fn step(&mut self, now_ms: u64) -> Result<(), EngineError>;
+    /// One step of everything; `now_ms` is the shell's clock. Returns the client's requests that
+    /// ended in it (for a pair, what the decode side hands back).
+    fn step(&mut self, now_ms: u64) -> Result<Vec<RequestOutput>, EngineError>;
     fn stage(&self, id: u64) -> Option<RequestStage>;
     fn abort(&mut self, id: u64) -> AbortOutcome;
     /// Requests in flight from the client's point of view.
@@ -85,9 +86,9 @@ impl System for Engine {
     fn add_request(&mut self, r: Request) -> Result<(), EngineError> {
         Engine::add_request(self, r)
     }
-    fn step(&mut self, now_ms: u64) -> Result<(), EngineError> {
+    fn step(&mut self, now_ms: u64) -> Result<Vec<RequestOutput>, EngineError> {
         self.advance_time(now_ms);
-        Engine::step(self).map(|_| ())
+        Engine::step(self)
     }
     fn stage(&self, id: u64) -> Option<RequestStage> {
         Engine::stage(self, id)

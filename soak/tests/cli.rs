@@ -321,3 +321,40 @@ fn interrupted_run_writes_samples_and_an_incomplete_verdict() {
     assert_eq!(v["incomplete"], true);
     assert!(v["iterations"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn until_decided_goes_on_while_undecided_and_says_so_at_its_cap() {
+    let n = scenario("n-sampling");
+    // 30 iterations leave a page-level gauge too few points after warm-up: undecided (exit 4).
+    let d = tmp("until-decided");
+    let o = plateau(&["run", &n, "--iterations", "30", "--until-decided", "--out", d.to_str().unwrap(), "--quiet"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v = verdict(&d);
+    let warnings = v["warnings"].to_string();
+    assert!(warnings.contains("--until-decided: went on from 30 to 50 iterations"), "{warnings}");
+    let capped = tmp("until-decided-cap");
+    let o = plateau(&[
+        "run",
+        &n,
+        "--iterations",
+        "30",
+        "--until-decided",
+        "--max-iterations",
+        "35",
+        "--out",
+        capped.to_str().unwrap(),
+        "--quiet",
+    ]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    let warnings = verdict(&capped)["warnings"].to_string();
+    assert!(warnings.contains("went on from 30 to 35 iterations; still undecided at the cap of 35"), "{warnings}");
+    let o = plateau(&["run", &n, "--iterations", "30", "--until-decided", "--max-iterations", "20", "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--max-iterations 20 is below the run's planned length (30 iterations)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = plateau(&["run", &n, "--duration", "5s", "--until-decided", "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

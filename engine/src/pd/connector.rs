@@ -26,6 +26,8 @@ pub(crate) struct KvConnector {
     role: Role,
     engine_id: u32,
     timeout_ms: u64,
+    /// Decode side: pulls in flight at most (`EngineConfig::max_pulls_in_flight`).
+    max_pulls: usize,
     injections: Injections,
     /// The time the shell last told the core (`advance_time`), in ms.
     now_ms: u64,
@@ -45,12 +47,21 @@ pub(crate) struct KvConnector {
 }
 
 impl KvConnector {
-    pub fn new(role: Role, engine_id: u32, timeout_ms: u64, injections: Injections, book: &mut Registries) -> Self {
+    pub fn new(
+        role: Role,
+        engine_id: u32,
+        timeout_ms: u64,
+        max_pulls: usize,
+        injections: Injections,
+        book: &mut Registries,
+    ) -> Self {
         use MetricKind::PerRequest;
+        assert!(max_pulls > 0, "a connector that may start no pull would never drain");
         KvConnector {
             role,
             engine_id,
             timeout_ms,
+            max_pulls,
             injections,
             now_ms: 0,
             held: book.map("registry.pd.held", PerRequest),
@@ -199,6 +210,10 @@ impl KvConnector {
             let Some(remote) = store.requests.get(&rid).and_then(|r| r.remote.clone()) else { continue };
             if remote.pulling {
                 continue;
+            }
+            // The rest wait, in arrival order, for a pull to end.
+            if self.pulls.len() >= self.max_pulls {
+                break;
             }
             let n = remote.params.num_tokens;
             let hits = kv.prefix_hits(&s.tokens[..n], &[]);

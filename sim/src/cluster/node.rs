@@ -4,7 +4,7 @@ use super::*;
 
 pub(super) fn build_engine(ns: &NodeSpec, node: usize, role: Role) -> Result<Engine, String> {
     let s = &ns.spec.scenario;
-    let mut config = s.engine.to_config(ns.spec.injections.clone(), ns.seed ^ node as u64);
+    let mut config = s.engine_config(ns.spec.injections.clone(), ns.seed ^ node as u64);
     config.role = role;
     let engine = match ns.spec.model {
         ModelKind::Hash => {

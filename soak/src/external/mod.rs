@@ -576,7 +576,15 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         if verdict.failed() {
             eprintln!("plateau: {e}");
             let out_dir = opts.out_dir.clone();
-            return Ok(RunResult { verdict, out_dir, interrupted: true, iterations, wall_secs, aborts });
+            return Ok(RunResult {
+                verdict,
+                out_dir,
+                interrupted: true,
+                iterations,
+                wall_secs,
+                aborts,
+                triggers: Vec::new(),
+            });
         }
         return Err(match &target_exit {
             Some(how) => RunError::Harness(format!("{e}; {how}")),
@@ -584,5 +592,13 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         });
     }
     let verdict = note(rejudge(scenario, opts, interrupted)?)?;
-    Ok(RunResult { verdict, out_dir: opts.out_dir.clone(), interrupted, iterations, wall_secs, aborts })
+    Ok(RunResult {
+        verdict,
+        out_dir: opts.out_dir.clone(),
+        interrupted,
+        iterations,
+        wall_secs,
+        aborts,
+        triggers: Vec::new(),
+    })
 }

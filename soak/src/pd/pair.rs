@@ -8,7 +8,7 @@
 
 use plateau_engine::{
     AbortOutcome, Engine, EngineConfig, EngineError, IdleViolation, Metric, MetricKind, ModelConfig, Notice, Request,
-    RequestStage, WeightSource,
+    RequestOutput, RequestStage, WeightSource,
 };
 
 use super::router::{Route, Router};
@@ -75,7 +75,7 @@ impl System for PdPair {
         Ok(())
     }
 
-    fn step(&mut self, now_ms: u64) -> Result<(), EngineError> {
+    fn step(&mut self, now_ms: u64) -> Result<Vec<RequestOutput>, EngineError> {
         self.prefill.advance_time(now_ms);
         self.decode.advance_time(now_ms);
         self.route_prefill_outputs()?;
@@ -83,7 +83,7 @@ impl System for PdPair {
             self.transport.start(order, &self.prefill, &mut self.decode);
         }
         self.transport.progress(&mut self.decode).map_err(EngineError::Backend)?;
-        self.decode.step()?;
+        let outputs = self.decode.step()?;
         for n in self.decode.take_notices() {
             match n {
                 Notice::Pulled { request, .. } => self.prefill.release_transfer(request, false),
@@ -93,7 +93,7 @@ impl System for PdPair {
                 }
             };
         }
-        Ok(())
+        Ok(outputs)
     }
 
     fn stage(&self, id: u64) -> Option<RequestStage> {

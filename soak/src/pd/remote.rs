@@ -152,7 +152,7 @@ impl System for RemotePair {
         }
     }
 
-    fn step(&mut self, now_ms: u64) -> Result<(), EngineError> {
+    fn step(&mut self, now_ms: u64) -> Result<Vec<plateau_engine::RequestOutput>, EngineError> {
         let (outputs, p_unfinished) = match self.prefill.get_mut().call(&Call::Step { now_ms })? {
             Reply::Stepped { outputs, unfinished, .. } => (outputs, unfinished),
             Reply::Failed(m) => return Err(EngineError::Backend(format!("prefill node: {m}"))),
@@ -173,8 +173,8 @@ impl System for RemotePair {
                 }
             }
         }
-        let (notices, d_unfinished) = match self.decode.get_mut().call(&Call::Step { now_ms })? {
-            Reply::Stepped { notices, unfinished, .. } => (notices, unfinished),
+        let (finished, notices, d_unfinished) = match self.decode.get_mut().call(&Call::Step { now_ms })? {
+            Reply::Stepped { outputs, notices, unfinished } => (outputs, notices, unfinished),
             Reply::Failed(m) => return Err(EngineError::Backend(format!("decode node: {m}"))),
             other => return Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
         };
@@ -186,7 +186,7 @@ impl System for RemotePair {
             self.prefill.get_mut().call(&Call::Release { id, aborted })?;
         }
         self.unfinished = p_unfinished || d_unfinished || !self.router.originals.is_empty();
-        Ok(())
+        Ok(finished)
     }
 
     fn stage(&self, id: u64) -> Option<RequestStage> {

@@ -48,7 +48,9 @@ async fn models(State(s): State<Arc<AppState>>) -> Response {
     Json(json!({"object": "list", "data": [{"id": s.model, "object": "model", "owned_by": "plateau"}]})).into_response()
 }
 
-/// The body as JSON of the expected shape, or a 400 that says what is wrong with it.
+/// The body as JSON of the expected shape, or a 400 that says what is wrong with it. The error is
+/// the response itself, returned once per bad request: boxing it would buy nothing.
+#[allow(clippy::result_large_err)]
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Response> {
     serde_json::from_slice(body).map_err(|e| error(StatusCode::BAD_REQUEST, &format!("request body: {e}")))
 }

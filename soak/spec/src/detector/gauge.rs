@@ -66,6 +66,8 @@ pub struct Judgement {
     /// Growth over the judged series (slope times its span).
     pub growth: f64,
     pub noise: f64,
+    /// For an undecided staircase: the run length that would show whether its next step comes.
+    pub needs_iterations: Option<u64>,
 }
 
 /// The series of one gauge after warm-up: iterations `x`, values `y`, and how it is judged.
@@ -117,14 +119,26 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
     let unit = s.unit;
     let v = |a: f64| fmt_value(a, unit);
     let rate = format!("{}/iteration", v(slope));
-    let j =
-        |status, reason| Judgement { status, reason, slope, mk, tail_slope, tail_p: tail_mk.p_increase, growth, noise };
+    let j = |status, reason| Judgement {
+        status,
+        reason,
+        slope,
+        mk,
+        tail_slope,
+        tail_p: tail_mk.p_increase,
+        growth,
+        noise,
+        needs_iterations: None,
+    };
     let stairs = staircase(x, y, q).filter(|st| {
         st.climbs() && st.rise() >= MIN_QUANTA * q && st.rise() / (x[n - 1] - x[0]).max(1.0) > s.tolerance_per_iter
     });
     if !(slope > 0.0 && mk.p_increase < cfg.p_value) {
         if let Some(st) = stairs.as_ref().filter(|st| !st.levelled_off()) {
-            return j(Status::Inconclusive, undecided_steps(st, unit));
+            return Judgement {
+                needs_iterations: Some(st.length_needed()),
+                ..j(Status::Inconclusive, undecided_steps(st, unit))
+            };
         }
         let what = if slope.abs() * (x[n - 1] - x[0]) < q { "flat" } else { "no significant rise" };
         return j(Status::Pass, format!("{what}: {rate}, p = {:.2}", mk.p_increase));

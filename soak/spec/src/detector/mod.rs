@@ -116,6 +116,7 @@ pub(crate) fn blank(name: &str, spec: &MetricSpec, status: Status, reason: Strin
         location: None,
         projected: None,
         sites: Vec::new(),
+        needs_iterations: None,
     }
 }
 
@@ -204,6 +205,7 @@ fn judge_gauge(
     };
     let per_request = |v: f64| pace.requests_per_iter.map(|r| v / r);
     let mut m = blank(name, spec, j.status, j.reason);
+    m.needs_iterations = j.needs_iterations;
     m.max_value = y.iter().copied().reduce(f64::max);
     m.trend = Some(Trend {
         slope_per_iter: j.slope,

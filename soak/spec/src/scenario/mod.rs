@@ -70,6 +70,16 @@ pub fn parse_duration_secs(s: &str) -> Result<f64, String> {
 }
 
 impl Scenario {
+    /// The engine configuration of one node: the `[engine]` section, with the `[pd]` section's
+    /// decode-side pull limit where there is one.
+    pub fn engine_config(&self, injections: plateau_engine::Injections, seed: u64) -> plateau_engine::EngineConfig {
+        let mut c = self.engine.to_config(injections, seed);
+        if let Some(pd) = &self.pd {
+            c.max_pulls_in_flight = pd.max_pulls_in_flight;
+        }
+        c
+    }
+
     /// Loads a scenario from a path, or a shipped one by name.
     pub fn load(arg: &str) -> Result<(Scenario, String), ScenarioError> {
         let path = Path::new(arg);
@@ -134,6 +144,9 @@ mod tests {
         let text = "name = \"x\"\ndescription = \"d\"\n[soak]\niterations = 0\n[[phase]]\nkind = \"batch\"\n";
         let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
         assert_eq!(e, "f.toml:4:1: soak.iterations: must be at least 1");
+        let text = "name = \"x\"\ndescription = \"d\"\n[soak]\niterations = 100\nmax_iterations = 50\n[[phase]]\nkind = \"batch\"\n";
+        let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
+        assert_eq!(e, "f.toml:5:1: soak.max_iterations: 50 is below the run's planned length (100 iterations)");
     }
 
     #[test]

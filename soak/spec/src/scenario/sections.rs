@@ -105,7 +105,17 @@ pub struct SoakSection {
     /// Byte growth accepted per request or per iteration (`64B/request`); None: the detector's
     /// default (`--tolerance` overrides it).
     pub tolerance: Option<String>,
+    /// The cap on a run that goes on until decided (`run --until-decided`): while a gauge is
+    /// undecided the run is extended in steps up to this many iterations. None: four times
+    /// `iterations` ([`DEFAULT_UNTIL_DECIDED_FACTOR`]).
+    pub max_iterations: Option<u64>,
 }
+
+/// A run that goes on until decided stops at this many times its planned length unless the
+/// scenario sets `max_iterations`: a doubling staircase first seen at 200 iterations shows its
+/// next step by 400 and the one after by 800, enough to tell doubling from a fill, while a nightly
+/// job stays within four times its planned time.
+pub const DEFAULT_UNTIL_DECIDED_FACTOR: u64 = 4;
 
 impl Default for SoakSection {
     fn default() -> Self {
@@ -116,11 +126,17 @@ impl Default for SoakSection {
             sample_interval_ms: 1000,
             seed: 0,
             tolerance: None,
+            max_iterations: None,
         }
     }
 }
 
 impl SoakSection {
+    /// The cap of a run that goes on until decided.
+    pub fn max_iterations(&self) -> u64 {
+        self.max_iterations.unwrap_or(self.iterations.saturating_mul(DEFAULT_UNTIL_DECIDED_FACTOR))
+    }
+
     /// The tolerance, parsed (validated at load, so only a programming error can fail here).
     pub fn tolerance(&self) -> Option<crate::detector::Tolerance> {
         self.tolerance.as_deref().and_then(|t| t.parse().ok())
@@ -139,6 +155,8 @@ pub struct PdSection {
     pub regions: usize,
     /// Fraction of forwards lost to a dead decode node (the prefill side must time out).
     pub decode_failure_fraction: f64,
+    /// Decode side: KV pulls in flight at once; the rest wait for their KV (`awaiting-kv`).
+    pub max_pulls_in_flight: usize,
 }
 
 impl Default for PdSection {
@@ -149,6 +167,7 @@ impl Default for PdSection {
             transfer_bytes_per_step: 128 * 1024,
             regions: 8,
             decode_failure_fraction: 0.0,
+            max_pulls_in_flight: plateau_engine::EngineConfig::default().max_pulls_in_flight,
         }
     }
 }

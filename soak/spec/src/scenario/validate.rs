@@ -5,6 +5,9 @@ use super::diagnostics::{locate, Place, ScenarioError};
 use super::phases::{Abort, Phase};
 use super::{parse_duration_secs, Scenario};
 
+/// `[pd] max_pulls_in_flight` at most: far past any decode side's sequences.
+const MAX_PULLS_IN_FLIGHT: usize = 4096;
+
 impl Scenario {
     pub(super) fn validate(&self, text: &str, file: &str) -> Result<(), ScenarioError> {
         let fail = |place: Place, message: String| {
@@ -70,6 +73,13 @@ impl Scenario {
                     "regions, transfer_bytes_per_step and kv_transfer_timeout_ms must be positive".into(),
                 );
             }
+            // None in flight would never drain; the cap keeps a typo from sizing a table.
+            if !(1..=MAX_PULLS_IN_FLIGHT).contains(&pd.max_pulls_in_flight) {
+                return fail(
+                    at("max_pulls_in_flight"),
+                    format!("{} is outside 1..={MAX_PULLS_IN_FLIGHT}", pd.max_pulls_in_flight),
+                );
+            }
             let not_pd = |p: &Phase| match p {
                 Phase::Batch(b) => b.n != 1 || !b.images.is_empty(),
                 Phase::Pressure(pr) => pr.n != 1,
@@ -88,6 +98,14 @@ impl Scenario {
         if let Some(d) = &self.soak.duration {
             if let Err(m) = parse_duration_secs(d) {
                 return fail(soak("duration"), m);
+            }
+        }
+        if let Some(m) = self.soak.max_iterations {
+            if m < self.soak.iterations {
+                return fail(
+                    soak("max_iterations"),
+                    format!("{m} is below the run's planned length ({} iterations)", self.soak.iterations),
+                );
             }
         }
         if let Some(t) = &self.soak.tolerance {
