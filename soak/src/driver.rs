@@ -19,6 +19,7 @@ use plateau_engine::{AbortOutcome, Engine, Injections, RequestStage, Role, Weigh
 use plateau_reports::{Header, SampleLine, Status, Verdict, SAMPLES_SCHEMA};
 
 use crate::analysis::{judge_file, write_outputs, JudgeOptions};
+use crate::arena::HarnessScope;
 use crate::detector::{spec_of, warmup_rule};
 use crate::pd::pair::{PdOptions, PdPair};
 use crate::probes::{purge_every, sample_engine, ProcessProbes, Settle};
@@ -197,6 +198,7 @@ struct Driver<'a> {
 
 impl Driver<'_> {
     fn sample(&mut self, quiescent: bool) -> Result<(), RunError> {
+        let _harness = HarnessScope::enter();
         let mut values = BTreeMap::new();
         let mut cost_us = BTreeMap::new();
         let settle = match quiescent {
@@ -506,6 +508,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         d.drive(Vec::new())?;
         d.settle()?;
         d.iter = iter;
+        // The rest of the iteration is the harness's: sampling, snapshots, progress, judging.
+        let _harness = HarnessScope::enter();
         d.sample(true)?;
         if iter == warmup.max(1) {
             snapshots.start_iter = iter;
@@ -560,6 +564,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
             }
         }
     }
+    let _harness = HarnessScope::enter();
     if let Some(pb) = bar {
         pb.finish_and_clear();
     }

@@ -5,9 +5,10 @@
 pub use plateau_spec::{corpus, detector, scenario, workload};
 
 /// jemalloc is the allocator of everything that links this crate (the `plateau` binary and the
-/// tests), unprefixed so that C libraries' malloc is counted too.
+/// tests), unprefixed so that C libraries' malloc is counted too; the harness's own allocations go
+/// to an arena of their own ([`arena`]).
 #[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+static GLOBAL: arena::Allocator = arena::Allocator;
 
 /// A C string pointer that may live in a static.
 #[repr(transparent)]
@@ -22,6 +23,7 @@ unsafe impl Sync for ConfPtr {}
 pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
 pub mod analysis;
+pub mod arena;
 pub mod driver;
 pub mod environment;
 pub mod explain;

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
@@ -403,9 +403,11 @@ fn dispatch(cli: Cli) -> u8 {
                 return USAGE;
             }
             let interrupt = Arc::new(AtomicBool::new(false));
-            let flag = Arc::clone(&interrupt);
-            // A second handler cannot be installed (selftest children run in their own process).
-            let _ = ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed));
+            // Ctrl-C sets the flag from the signal handler itself: no handler thread, whose first
+            // allocation (its arena, at a moment the scheduler picks) would race the baseline sample.
+            if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&interrupt)) {
+                eprintln!("plateau: warning: Ctrl-C will end the run without a verdict: {e}");
+            }
             let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-{}", s.name, timestamp())));
             // A run refused for bad input leaves no directory of its own behind (`history add
             // runs/*` must keep working); a directory the user named and that existed stays.

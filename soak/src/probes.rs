@@ -147,15 +147,14 @@ impl ProcessProbes {
     ) {
         let t0 = Instant::now();
         settle_allocator(settle);
-        read_jemalloc(prefix, values);
+        let whole_heap = read_jemalloc(prefix, values);
         let t1 = Instant::now();
         cost_us.insert("jemalloc".into(), (t1 - t0).as_secs_f64() * 1e6);
         if let Some(p) = &self.proc {
             read_proc(p, prefix, values);
         }
-        let (anon, heap) =
-            (values.get(&format!("{prefix}proc.rss_anon")), values.get(&format!("{prefix}jemalloc.resident")));
-        if let (Some(anon), Some(heap)) = (anon, heap) {
+        // The harness arena's pages are anonymous memory jemalloc made, too.
+        if let (Some(anon), Some(heap)) = (values.get(&format!("{prefix}proc.rss_anon")), whole_heap) {
             values.insert(format!("{prefix}proc.anon_outside_heap"), anon - heap);
         }
         if settle != Settle::Purge {
@@ -180,14 +179,26 @@ impl ProcessProbes {
 /// stay with the allocator instead of going back to the kernel on a timer. Pages then go back
 /// only when a sample purges them ([`Settle::Purge`]), so what the kernel sees at a purged point
 /// depends on the run's allocations alone, not on the wall clock, and the engine spends no time
-/// in timed purges. The `MALLOC_CONF` environment variable still overrides it.
-pub const MALLOC_CONF: &std::ffi::CStr = c"dirty_decay_ms:-1,muzzy_decay_ms:-1";
+/// in timed purges.
+///
+/// No thread cache (`tcache:false`): a thread cache is garbage-collected every so many bytes the
+/// thread allocates, harness allocations included, so a timer sample taken whenever the clock says
+/// moved the engine's cached objects back to their slabs at another point in each run, and three
+/// runs of one seed differed in `jemalloc.active` by one to seven pages at most quiescent points.
+/// Without it (and with the harness in its own arena, `arena.rs`) they agree to the page; a
+/// 40-iteration `mixed` run took 5.0-5.6 s with it off and 5.2 s with it on. The `MALLOC_CONF`
+/// environment variable still overrides each option it names.
+pub const MALLOC_CONF: &std::ffi::CStr = c"dirty_decay_ms:-1,muzzy_decay_ms:-1,tcache:false";
 
-/// Advances jemalloc's epoch and reads its statistics.
-pub fn read_jemalloc(prefix: &str, values: &mut BTreeMap<String, f64>) {
+/// Advances jemalloc's epoch and reads its statistics, less the harness arena's share (see
+/// `arena.rs`: what the sampling itself holds is not the engine's). Returns the whole process's
+/// resident heap, which the kernel's RssAnon is compared with.
+pub fn read_jemalloc(prefix: &str, values: &mut BTreeMap<String, f64>) -> Option<f64> {
     if tikv_jemalloc_ctl::epoch::advance().is_err() {
-        return;
+        return None;
     }
+    let h = crate::arena::harness_share();
+    let share = [h.allocated, h.active, h.resident, h.mapped, h.metadata, h.retained];
     use tikv_jemalloc_ctl::stats;
     let reads = [
         stats::allocated::read(),
@@ -197,11 +208,13 @@ pub fn read_jemalloc(prefix: &str, values: &mut BTreeMap<String, f64>) {
         stats::metadata::read(),
         stats::retained::read(),
     ];
-    for ((name, _, _), r) in JEMALLOC.iter().zip(reads) {
+    let whole_resident = reads[2].as_ref().ok().map(|v| *v as f64);
+    for (((name, _, _), r), harness) in JEMALLOC.iter().zip(reads).zip(share) {
         if let Ok(v) = r {
-            values.insert(format!("{prefix}jemalloc.{name}"), v as f64);
+            values.insert(format!("{prefix}jemalloc.{name}"), v as f64 - harness);
         }
     }
+    whole_resident
 }
 
 /// Mapping totals by kind.

@@ -1,0 +1,187 @@
+//! The harness's own allocations, kept apart from the engine's.
+//!
+//! The heap gauges are read in the process they judge, so whatever the harness allocates there
+//! (the /proc text a probe reads, whose length moves with CPU ticks; the sample's maps; a timer
+//! sample taken whenever the clock says; a progress line) lands in the same slabs as the engine's
+//! and decides, by its timing and size, which pages the engine's next objects fill. Two runs of one
+//! seed then differ in `jemalloc.active` by a few pages though they allocate the same bytes.
+//!
+//! Lifecycle: the driver opens a [`HarnessScope`] around everything it does between engine calls
+//! (sampling, progress, judging mid-run). Inside a scope this thread's allocations and frees go to a
+//! jemalloc arena of the harness's own, created at the first scope, past the thread cache (whose
+//! cached objects belong to the engine's arena). Outside, allocation is jemalloc's usual path. The
+//! samples report the heap less that arena ([`HarnessShare`]), so the gauges are the engine's and
+//! the run's layout of its pages depends on the seed alone. What a scope allocates must be freed
+//! inside a scope too: a harness object freed on the usual path would go into the thread cache and
+//! serve the engine from the harness's arena.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tikv_jemalloc_sys as sys;
+
+thread_local! {
+    /// Whether this thread is inside a [`HarnessScope`] (const-initialised, no destructor: safe to
+    /// read from the allocator at any point of a thread's life).
+    static IN_SCOPE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The harness arena's index plus one (0: not created yet).
+static ARENA: AtomicU32 = AtomicU32::new(0);
+
+/// The global allocator of everything that links plateau-soak: jemalloc, with the harness's scopes
+/// sent to their own arena.
+pub struct Allocator;
+
+/// The mallocx flags of a harness allocation, or None on the usual path.
+#[inline]
+fn harness_flags(layout: &Layout) -> Option<i32> {
+    if !IN_SCOPE.try_with(Cell::get).unwrap_or(false) {
+        return None;
+    }
+    let arena = ARENA.load(Ordering::Relaxed);
+    if arena == 0 {
+        return None;
+    }
+    Some(
+        sys::MALLOCX_ARENA(arena as usize - 1)
+            | sys::MALLOCX_TCACHE_NONE
+            | sys::MALLOCX_LG_ALIGN(layout.align().trailing_zeros() as usize),
+    )
+}
+
+// SAFETY: every path is jemalloc's own, with the layout's size and alignment; a pointer from
+// either path may be freed by either (jemalloc finds an allocation's arena from its address).
+unsafe impl GlobalAlloc for Allocator {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        match harness_flags(&layout) {
+            Some(f) => unsafe { sys::mallocx(layout.size(), f).cast() },
+            None => unsafe { tikv_jemallocator::Jemalloc.alloc(layout) },
+        }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        match harness_flags(&layout) {
+            Some(f) => unsafe { sys::mallocx(layout.size(), f | sys::MALLOCX_ZERO).cast() },
+            None => unsafe { tikv_jemallocator::Jemalloc.alloc_zeroed(layout) },
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        match harness_flags(&layout) {
+            Some(f) => unsafe { sys::sdallocx(ptr.cast(), layout.size(), f) },
+            None => unsafe { tikv_jemallocator::Jemalloc.dealloc(ptr, layout) },
+        }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        match harness_flags(&layout) {
+            Some(f) => unsafe { sys::rallocx(ptr.cast(), new_size, f).cast() },
+            None => unsafe { tikv_jemallocator::Jemalloc.realloc(ptr, layout, new_size) },
+        }
+    }
+}
+
+/// Creates the harness arena once; None if jemalloc refused (the usual path is then used for
+/// everything, as before).
+fn arena() -> Option<u32> {
+    match ARENA.load(Ordering::Acquire) {
+        0 => {}
+        a => return Some(a - 1),
+    }
+    // SAFETY: `arenas.create` is a documented read-only mallctl of type unsigned.
+    let created: u32 = unsafe { tikv_jemalloc_ctl::raw::read(b"arenas.create\0") }.ok()?;
+    match ARENA.compare_exchange(0, created + 1, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(created),
+        Err(other) => Some(other - 1),
+    }
+}
+
+/// While alive, this thread allocates in the harness arena. Scopes nest.
+pub struct HarnessScope {
+    was_in: bool,
+}
+
+impl HarnessScope {
+    pub fn enter() -> HarnessScope {
+        let _ = arena();
+        let was_in = IN_SCOPE.with(|c| c.replace(true));
+        HarnessScope { was_in }
+    }
+}
+
+impl Drop for HarnessScope {
+    fn drop(&mut self) {
+        IN_SCOPE.with(|c| c.set(self.was_in));
+    }
+}
+
+/// What the harness arena holds now, in the units of the jemalloc gauges: subtracted from the
+/// process's figures, it leaves the engine's.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HarnessShare {
+    pub allocated: f64,
+    pub active: f64,
+    pub resident: f64,
+    pub mapped: f64,
+    pub metadata: f64,
+    pub retained: f64,
+}
+
+/// The harness arena's share, read after the caller advanced jemalloc's epoch; zero when there is
+/// no harness arena (a process that never opened a scope).
+pub fn harness_share() -> HarnessShare {
+    let Some(a) = ARENA.load(Ordering::Acquire).checked_sub(1) else { return HarnessShare::default() };
+    let read = |stat: &str| -> f64 {
+        let name = format!("stats.arenas.{a}.{stat}\0");
+        // SAFETY: documented read-only statistics of type size_t.
+        unsafe { tikv_jemalloc_ctl::raw::read::<usize>(name.as_bytes()) }.map_or(0.0, |v| v as f64)
+    };
+    // SAFETY: a documented read-only mallctl of type size_t.
+    let page = unsafe { tikv_jemalloc_ctl::raw::read::<usize>(b"arenas.page\0") }.map_or(4096.0, |p| p as f64);
+    HarnessShare {
+        allocated: read("small.allocated") + read("large.allocated"),
+        active: read("pactive") * page,
+        resident: read("resident"),
+        mapped: read("mapped"),
+        metadata: read("base") + read("internal"),
+        retained: read("retained"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scope_allocates_in_the_harness_arena_and_its_frees_return_there() {
+        let _ = tikv_jemalloc_ctl::epoch::advance();
+        let before = {
+            let _s = HarnessScope::enter();
+            let _ = tikv_jemalloc_ctl::epoch::advance();
+            harness_share()
+        };
+        let held = {
+            let _s = HarnessScope::enter();
+            let v: Vec<u8> = vec![7; 1 << 20];
+            let _ = tikv_jemalloc_ctl::epoch::advance();
+            let during = harness_share();
+            assert!(during.allocated >= before.allocated + (1 << 20) as f64, "{during:?} vs {before:?}");
+            drop(v);
+            let _ = tikv_jemalloc_ctl::epoch::advance();
+            harness_share()
+        };
+        assert!(held.allocated < before.allocated + 4096.0, "the scope's free went back: {held:?} vs {before:?}");
+        // Outside a scope the harness arena is not used.
+        let v: Vec<u8> = vec![7; 1 << 20];
+        let _ = tikv_jemalloc_ctl::epoch::advance();
+        let outside = harness_share();
+        assert!(outside.allocated < before.allocated + 4096.0, "{outside:?}");
+        drop(v);
+    }
+}
