@@ -179,10 +179,11 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
         return j(
             Status::Fail,
             format!(
-                "grows in steps that have not stopped: {}, {} in all, {rate} (p = {:.1e}); the next was due by iteration {}",
+                "grows in steps that have not stopped: {}, {} in all, {rate} (p = {:.1e}); the next {} due by iteration {}",
                 st.describe(),
                 v(st.rise()),
                 mk.p_increase,
+                if st.due_at() as f64 > st.end { "is" } else { "was" },
                 st.due_at()
             ),
         );

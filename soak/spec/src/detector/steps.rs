@@ -12,7 +12,8 @@
 //!    [`STEP_NOISE_SCALES`] noise scales, and only when every segment is level within itself (a
 //!    ramp or a fill is judged as a trend, never as stairs);
 //! 2. [`Staircase::levelled_off`] predicts the next step from the spacing of the last ones
-//!    (equal spacing repeats, widening spacing widens by the same ratio) and calls the series
+//!    (equal spacing repeats, widening spacing widens by the same ratio, two steps alone are
+//!    given a doubling's ratio) and calls the series
 //!    levelled only when the level ground after the last step is [`OVERDUE`] times that spacing;
 //! 3. the gauge judge (`gauge.rs`) fails a staircase whose rate is significant and that has not
 //!    levelled off, and calls one that is not yet significant inconclusive, with the run length
@@ -48,6 +49,13 @@ const LEVEL_FRACTION: f64 = 0.5;
 /// the run it asks for stays within a few times the run that saw the steps.
 pub const OVERDUE: f64 = 1.5;
 
+/// The spacing ratio assumed when only two steps have been seen. A set that doubles its table
+/// (the commonest unbounded collection: a Rust `HashMap`, a Python dict) steps at doubling
+/// intervals; with equal spacing assumed, its third step (24, 46, then 91) was "overdue" by
+/// iteration 79 and an 80-iteration run passed it as levelled off. A buffer grown twice to the
+/// peak batch and kept still passes once the run is 1.5 doubled gaps past its second step.
+pub const TWO_STEP_RATIO: f64 = 2.0;
+
 /// Spacing ratios are clamped to this: a staircase whose spacing more than quadruples is already
 /// slowing faster than any doubling container, and a wider guess would ask for endless runs.
 const MAX_RATIO: f64 = 4.0;
@@ -70,13 +78,15 @@ impl Staircase {
     }
 
     /// The spacing and ratio the next step is expected at: equal spacing repeats, widening
-    /// spacing widens by its last ratio (clamped to `1..=MAX_RATIO`).
+    /// spacing widens by its last ratio (clamped to `1..=MAX_RATIO`). Two steps show one gap and
+    /// no ratio: the next is expected as late as a doubling container's ([`TWO_STEP_RATIO`]).
     fn next_gap(&self) -> f64 {
         let at: Vec<f64> = self.ups.iter().map(|u| u.0).collect();
         let k = at.len();
         assert!(k >= 2, "a gap needs two steps");
         let last = at[k - 1] - at[k - 2];
-        let ratio = if k >= 3 { (last / (at[k - 2] - at[k - 3]).max(1.0)).clamp(1.0, MAX_RATIO) } else { 1.0 };
+        let ratio =
+            if k >= 3 { (last / (at[k - 2] - at[k - 3]).max(1.0)).clamp(1.0, MAX_RATIO) } else { TWO_STEP_RATIO };
         last * ratio
     }
 
@@ -230,6 +240,20 @@ mod tests {
             .collect();
         let s = staircase(&x, &y, 0.1).unwrap();
         assert!(s.climbs() && s.levelled_off(), "{s:?}");
+    }
+
+    #[test]
+    fn two_steps_of_a_doubling_set_are_not_levelled_before_its_third_was_due() {
+        // A table of ids that doubles: steps at 24 and 46, the third at 91. At 80 iterations
+        // equal spacing would call it levelled (overdue from 79); a doubled gap waits to 112.
+        let x = xs(60);
+        let y: Vec<f64> =
+            x.iter().map(|&i| [24.0, 46.0, 91.0].iter().filter(|s| i >= **s).count() as f64 * 4608.0).collect();
+        let s = staircase(&x, &y, 1.0).unwrap();
+        assert_eq!(s.ups.len(), 2, "{s:?}");
+        assert!(!s.levelled_off(), "{s:?}");
+        assert_eq!(s.length_needed(), 150);
+        assert!(Staircase { end: 115.0, ..s }.levelled_off());
     }
 
     #[test]
