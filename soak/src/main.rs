@@ -143,7 +143,8 @@ enum Cmd {
         duration: Option<String>,
         /// While a gauge is undecided at the planned length (a staircase whose next step is not
         /// yet due, too few points), go on in steps to the length that would decide it, up to
-        /// --max-iterations; a run still undecided there exits 4 saying what it saw.
+        /// --max-iterations; a run still undecided there exits 4 saying what it saw. Not yet with
+        /// --target.
         #[arg(long, conflicts_with = "duration")]
         until_decided: bool,
         /// The cap of --until-decided (default: the scenario's `[soak] max_iterations`, else four
