@@ -142,8 +142,11 @@ pub fn harness_share() -> HarnessShare {
         // SAFETY: documented read-only statistics of type size_t.
         unsafe { tikv_jemalloc_ctl::raw::read::<usize>(name.as_bytes()) }.map_or(0.0, |v| v as f64)
     };
+    static PAGE: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     // SAFETY: a documented read-only mallctl of type size_t.
-    let page = unsafe { tikv_jemalloc_ctl::raw::read::<usize>(b"arenas.page\0") }.map_or(4096.0, |p| p as f64);
+    let page = *PAGE.get_or_init(|| {
+        unsafe { tikv_jemalloc_ctl::raw::read::<usize>(b"arenas.page\0") }.map_or(4096.0, |p| p as f64)
+    });
     HarnessShare {
         allocated: read("small.allocated") + read("large.allocated"),
         active: read("pactive") * page,

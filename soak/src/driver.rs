@@ -491,10 +491,10 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     // The planned length; `--until-decided` moves it on while the verdict is undecided.
     let mut planned = limit;
     let mut extensions: Vec<u64> = Vec::new();
-    for iter in 1..=opts.until_decided.unwrap_or(limit).max(limit) {
-        if iter > planned {
-            break;
-        }
+    // Bounded: `planned` only moves on up to the --until-decided cap.
+    let mut iter = 0;
+    while iter < planned {
+        iter += 1;
         if duration.is_some_and(|dur| d.start.elapsed() >= dur) {
             break;
         }

@@ -394,7 +394,7 @@ fn dispatch(cli: Cli) -> u8 {
                 }
             };
             let planned = iterations.unwrap_or(s.soak.iterations);
-            let cap = max_iterations.or(s.soak.max_iterations).unwrap_or(planned.saturating_mul(4));
+            let cap = max_iterations.unwrap_or_else(|| s.soak.until_decided_cap(planned));
             if until_decided && cap < planned {
                 eprintln!("plateau: --max-iterations {cap} is below the run's planned length ({planned} iterations)");
                 return USAGE;

@@ -167,24 +167,6 @@ fn check(c: &Case, v: &Verdict) -> Option<String> {
     (!others.is_empty()).then(|| format!("unrelated metrics failed too: {}", others.join(", ")))
 }
 
-/// The scenario's claimed triggers that fired too rarely for a leak on their path to show, from
-/// the run's triggers.json.
-fn unfired(dir: &Path) -> Option<String> {
-    let path = dir.join("triggers.json");
-    let counts: Vec<crate::triggers::TriggerCount> = match std::fs::read(&path) {
-        Ok(b) => match serde_json::from_slice(&b) {
-            Ok(c) => c,
-            Err(e) => return Some(format!("{}: {e}", path.display())),
-        },
-        Err(e) => return Some(format!("{}: {e}", path.display())),
-    };
-    let short = crate::triggers::short(&counts);
-    (!short.is_empty()).then(|| {
-        let each: Vec<String> = short.iter().map(|t| format!("{} fired {} times", t.trigger, t.fired)).collect();
-        format!("claimed triggers fired fewer than {} times: {}", crate::triggers::MIN_FIRED, each.join(", "))
-    })
-}
-
 /// One line of figures for a passing case: where a trend caught it, the measured rate against
 /// the run's resolution for that metric.
 fn detail(c: &Case, v: &Verdict) -> String {
@@ -233,7 +215,9 @@ pub fn run(quick: bool, exe: &Path, out_root: &Path) -> Result<Vec<Check>, Strin
             (None, true) => Some("no readable verdict.json".to_string()),
             // An injected leak may starve a path (blocks never freed leave nothing to preempt):
             // triggers are held to their claims in clean runs.
-            (Some(v), true) => check(c, v).or_else(|| c.inject.map_or_else(|| unfired(&out), |_| None)),
+            (Some(v), true) => {
+                check(c, v).or_else(|| c.inject.map_or_else(|| crate::triggers::unfired_in(&out), |_| None))
+            }
         };
         let figures = verdict.as_ref().map(|v| detail(c, v)).unwrap_or_default();
         match &problem {

@@ -11,6 +11,7 @@
 //! [`MIN_FIRED`] times.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use plateau_engine::{FinishReason, RequestOutput};
 use serde::{Deserialize, Serialize};
@@ -184,6 +185,24 @@ pub fn summary(counts: &[TriggerCount]) -> String {
 /// The claimed triggers that fired fewer than [`MIN_FIRED`] times.
 pub fn short(counts: &[TriggerCount]) -> Vec<&TriggerCount> {
     counts.iter().filter(|c| c.claimed && c.fired < MIN_FIRED).collect()
+}
+
+/// What is wrong with a finished run's triggers, from its directory's triggers.json: a claimed
+/// trigger that fired too rarely for a leak on its path to show, or a file that cannot be read.
+pub fn unfired_in(dir: &Path) -> Option<String> {
+    let path = dir.join("triggers.json");
+    let counts: Vec<TriggerCount> = match std::fs::read(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(c) => c,
+        Err(e) => return Some(format!("{}: {e}", path.display())),
+    };
+    let short = short(&counts);
+    (!short.is_empty()).then(|| {
+        let each: Vec<String> = short.iter().map(|t| format!("{} fired {} times", t.trigger, t.fired)).collect();
+        format!("claimed triggers fired fewer than {MIN_FIRED} times: {}", each.join(", "))
+    })
 }
 
 #[cfg(test)]

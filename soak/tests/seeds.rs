@@ -8,24 +8,6 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-/// The claimed triggers of a run that fired fewer than 10 times (triggers.json), if any: a clean
-/// pass on a path that never ran says nothing about that path.
-fn unfired(dir: &std::path::Path) -> Option<String> {
-    let counts: Vec<serde_json::Value> = match std::fs::read_to_string(dir.join("triggers.json")) {
-        Ok(text) => match serde_json::from_str(&text) {
-            Ok(c) => c,
-            Err(e) => return Some(format!("triggers.json: {e}")),
-        },
-        Err(e) => return Some(format!("triggers.json: {e}")),
-    };
-    let short: Vec<String> = counts
-        .iter()
-        .filter(|c| c["claimed"] == true && c["fired"].as_u64().unwrap_or(0) < 10)
-        .map(|c| format!("{} fired {}", c["trigger"], c["fired"]))
-        .collect();
-    (!short.is_empty()).then(|| format!("claimed triggers fired fewer than 10 times: {}", short.join(", ")))
-}
-
 #[test]
 fn clean_scenarios_pass_for_4_seeds() {
     let scenarios = ["n-sampling", "aborts", "rl-rollout", "prefill-only", "mixed", "multimodal-repeat", "pd-transfer"];
@@ -46,7 +28,7 @@ fn clean_scenarios_pass_for_4_seeds() {
                     .unwrap();
                 if o.status.code() != Some(0) {
                     failures.lock().unwrap().push(format!("{s} seed {seed}: {}", String::from_utf8_lossy(&o.stderr)));
-                } else if let Some(short) = unfired(&out) {
+                } else if let Some(short) = plateau_soak::triggers::unfired_in(&out) {
                     failures.lock().unwrap().push(format!("{s} seed {seed}: {short}"));
                 } else {
                     let _ = std::fs::remove_dir_all(&out);

@@ -132,9 +132,10 @@ impl Default for SoakSection {
 }
 
 impl SoakSection {
-    /// The cap of a run that goes on until decided.
-    pub fn max_iterations(&self) -> u64 {
-        self.max_iterations.unwrap_or(self.iterations.saturating_mul(DEFAULT_UNTIL_DECIDED_FACTOR))
+    /// The cap of a run that goes on until decided, for a run planned at `planned` iterations
+    /// (the scenario's, or `--iterations`).
+    pub fn until_decided_cap(&self, planned: u64) -> u64 {
+        self.max_iterations.unwrap_or(planned.saturating_mul(DEFAULT_UNTIL_DECIDED_FACTOR))
     }
 
     /// The tolerance, parsed (validated at load, so only a programming error can fail here).
