@@ -17,7 +17,9 @@
 //!   and by 60% of the run, a one-off step, a late step at 80%, periodic bursts, a sawtooth, a
 //!   wandering mean-reverting level, GPU memory through sleep and wake cycles, code pages
 //!   faulted in within file mappings that never change, a scratch buffer grown twice to the peak
-//!   batch, and a full cache that churns at its bound.
+//!   batch, a full cache that churns at its bound, and the allocator's bookkeeping over such a
+//!   cache converging as the churn goes on (bookkeeping that grows by a steady 256 B an iteration
+//!   instead must fail).
 //!
 //! Each at 60, 200 and 500 iterations with three noise seeds, one file per length
 //! (`soak/spec/corpus/n200.csv`: a column per case). Everything is deterministic from the seed, so the
@@ -66,10 +68,13 @@ pub struct Case {
     /// Seconds per iteration.
     pub dt: f64,
     pub values: Vec<f64>,
-    /// A gauge that bounds the series, at a constant level (the file mappings around resident
-    /// file pages), written beside it.
-    pub within: Option<(&'static str, f64)>,
+    /// Gauges written beside the series, each a function of (iteration, run length): the file
+    /// mappings around resident file pages, the live heap under the allocator's bookkeeping.
+    pub beside: Vec<Beside>,
 }
+
+/// A gauge written beside a case's series: its name and its value at (iteration, run length).
+pub type Beside = (&'static str, fn(f64, f64) -> f64);
 
 impl Case {
     /// The series as a samples file would hold it: one gauge with its unit and quantum, a
@@ -81,9 +86,10 @@ impl Case {
             self.metric.to_string(),
             MetricSpec { quantum: Some(quantum), ..MetricSpec::new(Kind::Gauge, unit) },
         );
-        if let Some((bound, _)) = self.within {
+        for (name, _) in &self.beside {
+            let (unit, quantum) = BASE.iter().find(|b| b.0 == *name).map_or(("bytes", PAGE), |b| (b.1, b.2));
             metrics
-                .insert(bound.to_string(), MetricSpec { quantum: Some(PAGE), ..MetricSpec::new(Kind::Gauge, "bytes") });
+                .insert(name.to_string(), MetricSpec { quantum: Some(quantum), ..MetricSpec::new(Kind::Gauge, unit) });
         }
         let names: Vec<String> = metrics.keys().cloned().collect();
         let rows = self
@@ -91,10 +97,8 @@ impl Case {
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                let values = names
-                    .iter()
-                    .map(|n| Some(if n == self.metric { *v } else { self.within.map_or(0.0, |w| w.1) }))
-                    .collect();
+                let values =
+                    names.iter().map(|n| Some(if n == self.metric { *v } else { self.beside_at(n, i) })).collect();
                 plateau_reports::Row::new(self.dt * (i + 1) as f64, i as u64 + 1, true, values)
             })
             .collect();
@@ -115,13 +119,18 @@ impl Case {
         }
     }
 
+    /// The value of the gauge `name` written beside the series at its `i`-th point (0-based).
+    fn beside_at(&self, name: &str, i: usize) -> f64 {
+        self.beside.iter().find(|b| b.0 == name).map_or(0.0, |b| (b.1)((i + 1) as f64, self.n as f64))
+    }
+
     /// The samples file (samples.jsonl v1) of the series, for `plateau analyze`.
     pub fn jsonl(&self) -> String {
         let s = self.samples();
         let mut out = serde_json::to_string(&s.header).expect("a header serializes");
         out.push('\n');
-        for (r, v) in s.rows.iter().zip(&self.values) {
-            let bound = self.within.map(|(b, level)| format!(",\"{b}\":{level}")).unwrap_or_default();
+        for (i, (r, v)) in s.rows.iter().zip(&self.values).enumerate() {
+            let bound: String = self.beside.iter().map(|(b, _)| format!(",\"{b}\":{}", self.beside_at(b, i))).collect();
             let _ = writeln!(
                 out,
                 "{{\"t\":{},\"iter\":{},\"quiescent\":true,\"values\":{{\"{}\":{v}{bound}}}}}",
@@ -152,8 +161,9 @@ pub fn csv(cases: &[Case], n: u64) -> String {
 }
 
 /// The base metrics: name, unit, quantum.
-const BASE: [(&str, &str, f64); 8] = [
+const BASE: [(&str, &str, f64); 9] = [
     ("jemalloc.allocated", "bytes", 1.0),
+    ("jemalloc.metadata", "bytes", 1.0),
     ("proc.rss_file", "bytes", PAGE),
     ("proc.rss_anon", "bytes", PAGE),
     ("proc.anon_outside_heap", "bytes", PAGE),
@@ -246,14 +256,24 @@ struct Shape {
     metric: &'static str,
     dt: f64,
     add: fn(f64, f64, &mut ChaCha8Rng) -> f64,
-    /// A constant bounding gauge written beside the series.
-    within: Option<(&'static str, f64)>,
+    /// Gauges written beside the series.
+    beside: Vec<Beside>,
     /// Shortest run the shape is part of (a rate below what a shorter run resolves).
     min_n: u64,
 }
 
 /// The file mappings around `proc.rss_file` in the page-in shape: 24 mappings, 20 MiB.
-const FILE_BYTES: (&str, f64) = ("proc.file_bytes", 20.0 * MIB);
+const FILE_BYTES: Beside = ("proc.file_bytes", |_, _| 20.0 * MIB);
+
+/// The live heap under the bookkeeping shapes: 16 MiB, and a 64 MiB cache full by 30% of the run.
+const CHURNING_HEAP: Beside = ("jemalloc.allocated", |i, n| 16.0 * MIB + 64.0 * MIB * (i / (0.3 * n)).min(1.0));
+
+/// jemalloc's bookkeeping over that heap: 3 MiB, a megabyte more as the cache fills, then (after
+/// the fill) the logarithm of the churn the measured cache-churn runs showed, on a 16-byte grid.
+fn churn_bookkeeping(i: f64, n: f64) -> f64 {
+    let after = (i - 0.3 * n).max(0.0);
+    (3.0 * MIB + MIB * (i / (0.3 * n)).min(1.0) + 16.0 * KIB * (1.0 + after / 10.0).ln()).div_euclid(16.0) * 16.0
+}
 
 /// Bytes a hash set of u64 ids holds with `entries` in it: 9 bytes a bucket (8 and a control
 /// byte), doubling when 7/8 full, as Rust's `HashSet` and most open-addressing tables do.
@@ -273,7 +293,7 @@ fn shapes() -> Vec<Shape> {
         metric,
         dt: 0.05,
         add,
-        within: None,
+        beside: Vec::new(),
         min_n: 0,
     };
     vec![
@@ -314,7 +334,7 @@ fn shapes() -> Vec<Shape> {
         // Code pages faulted in (64 KiB of fault-around) as rarer paths run, inside file
         // mappings that never change.
         Shape {
-            within: Some(FILE_BYTES),
+            beside: vec![FILE_BYTES],
             ..s("pagein", Clean, "proc.rss_file", |i, n, _| {
                 64.0 * KIB * (f64::from(u8::from(i >= 0.2 * n)) + f64::from(u8::from(i >= 0.35 * n)))
                     + 12.0 * KIB * f64::from(u8::from(i >= 0.6 * n))
@@ -330,6 +350,19 @@ fn shapes() -> Vec<Shape> {
         s("cache-churn", Clean, "jemalloc.allocated", |i, n, rng| {
             64.0 * MIB * (i / (0.3 * n)).min(1.0) + if i >= 0.3 * n { 48.0 * KIB * (unit(rng) - 0.5) } else { 0.0 }
         }),
+        // The allocator's bookkeeping over that cache's heap: converging after the fill (clean),
+        // and growing by a steady 256 B an iteration after it instead (a leak: bookkeeping kept
+        // for every few requests, whatever the heap does).
+        Shape {
+            beside: vec![CHURNING_HEAP],
+            ..s("bookkeeping-churn", Clean, "jemalloc.metadata", |i, n, _| churn_bookkeeping(i, n))
+        },
+        Shape {
+            beside: vec![CHURNING_HEAP],
+            ..s("bookkeeping-leak", Leak, "jemalloc.metadata", |i, n, _| {
+                churn_bookkeeping(i.min(0.3 * n), n) + 256.0 * (i - 0.3 * n).max(0.0)
+            })
+        },
     ]
 }
 
@@ -347,7 +380,7 @@ pub fn cases() -> Vec<Case> {
                 n,
                 dt: 0.05,
                 values: clean[heap].clone(),
-                within: None,
+                beside: Vec::new(),
             };
             let r1 = resolution(&flat);
             for (k, dt) in [(10.0, 0.05), (3.0, 0.05), (1.0, 0.05), (3.0, 10.0)] {
@@ -364,7 +397,7 @@ pub fn cases() -> Vec<Case> {
                     n,
                     dt,
                     values,
-                    within: None,
+                    beside: Vec::new(),
                 });
             }
             for shape in shapes().into_iter().filter(|s| n >= s.min_n) {
@@ -390,7 +423,7 @@ pub fn cases() -> Vec<Case> {
                     n,
                     dt: shape.dt,
                     values,
-                    within: shape.within,
+                    beside: shape.beside.clone(),
                 });
             }
         }

@@ -75,6 +75,7 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
     let snapshot: Vec<(String, f64, f64, bool)> = metrics
         .iter()
         .filter(|m| m.status == Status::Fail && m.kind == "gauge" && kernel_family(&m.name) && !unknown_heap(&m.name))
+        .filter(|m| m.location.is_none())
         .map(|m| {
             let heap = format!("{}jemalloc.allocated", process_of(&m.name));
             let out_rate = m.trend.as_ref().map_or(0.0, |t| t.slope_per_iter);
@@ -85,7 +86,10 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
         .collect();
     for m in metrics.iter_mut().filter(|m| m.status == Status::Fail && m.kind == "gauge") {
         let outside = snapshot.iter().find(|x| x.0 == m.name).map(|x| x.3);
+        // Already named by the overhead rule (the allocator's overhead on a levelled heap).
+        let named = m.location.take();
         m.location = Some(match outside {
+            _ if named.is_some() => named.unwrap_or_default(),
             None if kernel_family(&m.name) && unknown_heap(&m.name) => {
                 "process memory (no allocator statistics from this process: its heap and its other mappings are not told apart)".into()
             }

@@ -16,6 +16,7 @@ pub mod attribution;
 mod bounds;
 mod exact;
 pub mod gauge;
+mod overhead;
 pub mod stats;
 pub mod steps;
 pub mod tolerance;
@@ -284,6 +285,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
         }
     }
     bounds::apply(s, &mut metrics);
+    overhead::apply(s, &mut metrics, cfg);
     metrics.extend(exact::checks(&quiescent, &metrics));
     let attribution = attribution::attribute(s, &mut metrics, cfg);
     // Failures first, earliest evidence first; then what could not be judged; then warnings;
@@ -392,5 +394,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
     }
 }
 
+#[cfg(test)]
+mod overhead_tests;
 #[cfg(test)]
 mod tests;

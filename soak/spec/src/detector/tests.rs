@@ -4,10 +4,13 @@ use plateau_reports::{Header, Kind, MetricSpec, Row, Samples, Status, SAMPLES_SC
 
 use super::{analyze, DetectorConfig};
 
-/// Samples of one gauge `g` (bytes) over `n` quiescent iterations, one per 0.05 s.
-fn gauge(n: u64, f: impl Fn(u64) -> f64) -> Samples {
-    let mut metrics = BTreeMap::new();
-    metrics.insert("g".to_string(), MetricSpec::new(Kind::Gauge, "bytes"));
+/// Samples of the gauges in `metrics`, a quiescent row per iteration 1..=n, one per 0.05 s, with
+/// `value(name, iteration)` for each.
+pub(super) fn samples_of(metrics: BTreeMap<String, MetricSpec>, n: u64, value: impl Fn(&str, u64) -> f64) -> Samples {
+    let names: Vec<String> = metrics.keys().cloned().collect();
+    let rows = (1..=n)
+        .map(|i| Row::new(i as f64 * 0.05, i, true, names.iter().map(|m| Some(value(m, i))).collect()))
+        .collect();
     Samples {
         header: Header {
             schema: SAMPLES_SCHEMA.into(),
@@ -18,11 +21,18 @@ fn gauge(n: u64, f: impl Fn(u64) -> f64) -> Samples {
             warmup_iterations: None,
             injections: vec![],
         },
-        names: vec!["g".into()],
-        rows: (1..=n).map(|i| Row::new(i as f64 * 0.05, i, true, vec![Some(f(i))])).collect(),
+        names,
+        rows,
         truncated_tail: false,
         warnings: vec![],
     }
+}
+
+/// Samples of one gauge `g` (bytes) over `n` quiescent iterations.
+fn gauge(n: u64, f: impl Fn(u64) -> f64) -> Samples {
+    let mut metrics = BTreeMap::new();
+    metrics.insert("g".to_string(), MetricSpec::new(Kind::Gauge, "bytes"));
+    samples_of(metrics, n, |_, i| f(i))
 }
 
 /// Deterministic jitter in [-amp, amp].

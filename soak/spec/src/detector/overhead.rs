@@ -1,0 +1,267 @@
+//! Gauges judged against the live heap they serve. The allocator's bookkeeping
+//! (`jemalloc.metadata`), the pages it keeps for the heap (`active`, `resident`, `mapped`), the
+//! kernel's page tables (`proc.pte`) and the process's anonymous pages (`proc.rss_anon`, `proc.rss`)
+//! are overheads on the heap: they move with what the program holds, and also with how it holds it.
+//!
+//! A workload that churns a bounded cache keeps the live heap (`jemalloc.allocated`) level while it
+//! frees and allocates entries of other sizes in other places. The allocator's extents spread over
+//! more of the address space, so its bookkeeping and the page tables grow, fast at first and then
+//! slower as freed space is reused. Measured on `scenarios/cache-churn.toml` (the encoder cache full
+//! at 16 MiB and evicting its oldest entries; see soak/README.md for the figures): bookkeeping rose
+//! by 41, 19, 9, then 1-4 KiB per hundred iterations, and over 1,000 iterations by about 0.1% of the
+//! live heap. That is fragmentation that levels off relative to the heap, not memory taken.
+//!
+//! So an overhead gauge that the trend layer did not pass becomes a warning, with its rate, when
+//! all of these hold (and otherwise keeps its verdict):
+//! 1. the live heap beside it (`jemalloc.allocated` with the same role prefix) was judged to level
+//!    off (pass or warn): overhead on a growing heap is judged with the heap, never excused;
+//! 2. for the process's gauges, its memory outside the heap (`proc.anon_outside_heap`, and for
+//!    `proc.rss` the file and shared pages too) levelled off as well: otherwise the growth may be a
+//!    mapping of its own;
+//! 3. its growth is slowing: from the iteration where the heap settled into its final level (a
+//!    cache that fills first is past its fill), the rate over the last half of the points is
+//!    under [`SLOWING_RATIO`] of the rate over the first half, each rate seen from the medians of
+//!    the half's first and last quarters;
+//! 4. at its last-half rate it would add at most [`HEAP_BUDGET`] of the live heap over
+//!    [`HORIZON_RUNS`] times this run's judged length.
+//!
+//! A bookkeeping leak (a steady rate, whatever the heap does) fails 3; a fast one fails 4 as well.
+//!
+//! The address space is judged apart from memory. jemalloc keeps the address space it has mapped
+//! (`retained`, never returned) and grows it geometrically when it needs a fresh extent, so under
+//! churn the process's anonymous address space (`proc.anon_bytes`) climbs in steps at widening
+//! spacing, like a table that doubles, while no page more is resident. When the anonymous address
+//! space outside the allocator (`proc.anon_bytes` minus `jemalloc.mapped` and `jemalloc.retained`)
+//! stays level, judged by the trend layer with no tolerance, the growth is the allocator's own
+//! reservation: a warning naming it, the memory behind it judged by the gauges above. A mapping
+//! the program makes itself grows that outside part and keeps the failure.
+//!
+//! No metric is excused by name alone: the families below are what the samples v1 gauges are.
+
+use plateau_reports::{MetricVerdict, Samples, Status};
+
+use super::gauge::{fmt_value, judge, Series};
+use super::stats::median;
+use super::DetectorConfig;
+
+/// The v1 gauges that are overheads on the live heap, and the other gauges that must have
+/// levelled off for growth there to be the heap's (the process's own mappings, file pages).
+const OVERHEADS: [(&str, &[&str]); 7] = [
+    ("jemalloc.active", &[]),
+    ("jemalloc.resident", &[]),
+    ("jemalloc.mapped", &[]),
+    ("jemalloc.metadata", &[]),
+    ("proc.pte", &["proc.anon_outside_heap"]),
+    ("proc.rss_anon", &["proc.anon_outside_heap"]),
+    ("proc.rss", &["proc.anon_outside_heap", "proc.rss_file", "proc.rss_shmem"]),
+];
+
+/// The live heap the overheads serve.
+const HEAP: &str = "jemalloc.allocated";
+
+/// Since the heap settled, a second half that rises at under this fraction of the first half's
+/// rate is slowing. Fragmentation after a fill converges like a logarithm: in the measured runs
+/// the bookkeeping added 41, 19, 9, then 1-4 KiB per hundred iterations, and over 20 seeds of the
+/// shipped cache-churn scenario at 200 iterations the second half ran at 0 to 0.57 of the first
+/// (median 0.27). A steady rate (a bookkeeping leak) keeps a ratio near 1; 0.8 leaves the clean
+/// runs' worst a margin of 0.23 and still fails a steady rate with page-sized noise. A leak riding
+/// on converging fragmentation lowers the ratio while the fragmentation dominates: below the
+/// budget (rule 4) it passes as a warning with its rate, until a longer run, where the
+/// fragmentation has died away, shows its steady rate.
+pub const SLOWING_RATIO: f64 = 0.8;
+
+/// Fewer points than this on either side of the split after the heap settled: too little to see
+/// a rate fall, so the trend layer's verdict stands.
+const MIN_HALF_POINTS: usize = 10;
+
+/// The overhead may add at most this fraction of the live heap over the horizon. Page tables cost
+/// 1/512 of the memory they map and jemalloc's bookkeeping about 1-2% of what it manages at steady
+/// state; 2% over ten runs' length is a ceiling fragmentation stays under (the measured cache-churn
+/// runs project 0.4-1.0%, from their last halves, which overstate a slowing rate), while an
+/// overhead growing by 2% of the heap every ten runs would be worth a look even if it slowed.
+pub const HEAP_BUDGET: f64 = 0.02;
+
+/// How far ahead the last-half rate is projected, in judged lengths of this run.
+pub const HORIZON_RUNS: f64 = 10.0;
+
+/// The live heap and companions of `name`, if it is an overhead: (heap, companions).
+fn overhead_of(name: &str) -> Option<(String, Vec<String>)> {
+    OVERHEADS.iter().find_map(|(family, companions)| {
+        let prefix = name.strip_suffix(family)?;
+        (prefix.is_empty() || prefix.ends_with('.'))
+            .then(|| (format!("{prefix}{HEAP}"), companions.iter().map(|c| format!("{prefix}{c}")).collect()))
+    })
+}
+
+/// The address space and what the allocator reserves of it: (family, the allocator's parts).
+const ADDRESS_SPACE: (&str, [&str; 2]) = ("proc.anon_bytes", ["jemalloc.mapped", "jemalloc.retained"]);
+
+/// Quiescent points of `name` after `warmup`.
+fn judged_points(s: &Samples, name: &str, warmup: u64) -> Vec<(f64, f64)> {
+    let Some(i) = s.names.iter().position(|n| n == name) else { return Vec::new() };
+    s.quiescent_series(i).into_iter().filter(|(it, _)| *it > warmup).map(|(it, v)| (it as f64, v)).collect()
+}
+
+/// The first iteration from which the heap stays inside the range its last half spans: where a
+/// filling cache reached its bound, or the first judged point of a heap level from the start.
+fn settled_at(heap: &[(f64, f64)]) -> Option<f64> {
+    let tail = &heap[heap.len() / 2..];
+    let lo = tail.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let hi = tail.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+    let outside = heap.iter().rposition(|p| p.1 < lo || p.1 > hi);
+    heap.get(outside.map_or(0, |k| k + 1)).map(|p| p.0)
+}
+
+/// The rate of a stretch as its ends see it: the median of its last quarter minus that of its
+/// first, over the iterations between their middles. Unlike a fitted slope it counts a step
+/// anywhere in the stretch (an overhead that grows a page or an extent at a time), and the medians
+/// keep one odd sample from deciding.
+fn rise_rate(x: &[f64], y: &[f64]) -> f64 {
+    let k = (x.len() / 4).max(1);
+    let n = x.len();
+    let span = (x[n - k..].iter().sum::<f64>() - x[..k].iter().sum::<f64>()) / k as f64;
+    let rise = median(&mut y[n - k..].to_vec()) - median(&mut y[..k].to_vec());
+    if span > 0.0 {
+        rise / span
+    } else {
+        0.0
+    }
+}
+
+fn levelled(metrics: &[(String, Status)], name: &str) -> Option<Status> {
+    metrics.iter().find(|m| m.0 == name).map(|m| m.1).filter(|st| matches!(st, Status::Pass | Status::Warn))
+}
+
+/// Turns an overhead gauge that did not pass into a warning when it is fragmentation or
+/// bookkeeping of a heap that levelled off (the module's rules 1-4).
+pub fn apply(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) {
+    let warmup = cfg.warmup_iterations;
+    address_space(s, metrics, cfg);
+    let status: Vec<(String, Status)> = metrics.iter().map(|m| (m.name.clone(), m.status)).collect();
+    for m in metrics.iter_mut().filter(|m| m.kind == "gauge" && matches!(m.status, Status::Fail | Status::Inconclusive))
+    {
+        let Some((heap, companions)) = overhead_of(&m.name) else { continue };
+        let Some(heap_status) = levelled(&status, &heap) else { continue };
+        if companions.iter().any(|c| levelled(&status, c).is_none()) {
+            continue;
+        }
+        let Some(trend) = m.trend.as_ref() else { continue };
+        let heap_pts = judged_points(s, &heap, warmup);
+        let Some(settled) = settled_at(&heap_pts) else { continue };
+        let pts: Vec<(f64, f64)> = judged_points(s, &m.name, warmup).into_iter().filter(|p| p.0 >= settled).collect();
+        let half = pts.len() / 2;
+        if half < MIN_HALF_POINTS {
+            continue;
+        }
+        let (x, y): (Vec<f64>, Vec<f64>) = pts.iter().copied().unzip();
+        let first_rate = rise_rate(&x[..half], &y[..half]);
+        let last_rate = rise_rate(&x[half..], &y[half..]);
+        let ratio = if last_rate <= 0.0 {
+            0.0
+        } else if first_rate > 0.0 {
+            last_rate / first_rate
+        } else {
+            f64::INFINITY
+        };
+        let slowing = ratio < SLOWING_RATIO;
+        let mut heap_level: Vec<f64> = heap_pts.iter().filter(|p| p.0 >= settled).map(|p| p.1).collect();
+        let live = median(&mut heap_level);
+        let span = trend.points.max(1) as f64;
+        let projected = last_rate.max(0.0) * span * HORIZON_RUNS;
+        let within_budget = live > 0.0 && projected <= HEAP_BUDGET * live;
+        let unit = m.unit.clone();
+        let v = |a: f64| fmt_value(a, &unit);
+        let share = if live > 0.0 { 100.0 * projected / live } else { f64::INFINITY };
+        if !(slowing && within_budget) {
+            // Growth that has not levelled off relative to the heap keeps its failure, and says
+            // what it is rather than blaming mappings of the program's own.
+            let why = if slowing {
+                format!(
+                    "it would add {} over {HORIZON_RUNS} times this run, {share:.2}% of the live heap (at most {}%)",
+                    v(projected),
+                    100.0 * HEAP_BUDGET
+                )
+            } else {
+                format!("not slowing: {}/iteration, then {}/iteration", v(first_rate), v(last_rate))
+            };
+            m.location = Some(format!(
+                "allocator overhead: fragmentation or bookkeeping of a heap that levelled off ({heap} at {})",
+                v(live)
+            ));
+            m.reason.push_str(&format!(
+                "; the heap levelled off from iteration {settled}, so this is the allocator's bookkeeping or fragmentation, and since then {why}"
+            ));
+            continue;
+        }
+        warn(
+            m,
+            format!(
+            "fragmentation or bookkeeping of a heap that levelled off ({heap} {} at {} from iteration {settled}): rose by {} ({}/iteration); since the heap levelled, slowing from {}/iteration to {}/iteration (a ratio of {ratio:.2}, under {SLOWING_RATIO}); at that rate {} more over {} times this run, {:.2}% of the live heap (at most {}%): not failed",
+            heap_status.as_str(),
+            v(live),
+            v(trend.growth_after_warmup),
+            v(trend.slope_per_iter),
+            v(first_rate),
+            v(last_rate.max(0.0)),
+            v(projected),
+            HORIZON_RUNS,
+            share,
+            100.0 * HEAP_BUDGET
+        ),
+        );
+    }
+}
+
+/// Turns a growing anonymous address space into a warning when all of its growth is the
+/// allocator's reservation (see the module's last rule).
+fn address_space(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) {
+    let (family, parts) = ADDRESS_SPACE;
+    for m in metrics.iter_mut().filter(|m| m.kind == "gauge" && matches!(m.status, Status::Fail | Status::Inconclusive))
+    {
+        let Some(prefix) = m.name.strip_suffix(family).filter(|p| p.is_empty() || p.ends_with('.')) else { continue };
+        let columns: Vec<Option<usize>> = std::iter::once(m.name.clone())
+            .chain(parts.iter().map(|p| format!("{prefix}{p}")))
+            .map(|n| s.names.iter().position(|x| *x == n))
+            .collect();
+        let Some(columns) = columns.into_iter().collect::<Option<Vec<usize>>>() else { continue };
+        let (x, outside): (Vec<f64>, Vec<f64>) = s
+            .rows
+            .iter()
+            .filter(|r| r.quiescent && r.iter > cfg.warmup_iterations)
+            .filter_map(|r| {
+                let v: Option<Vec<f64>> = columns.iter().map(|c| r.values[*c]).collect();
+                v.map(|v| (r.iter as f64, v[0] - v[1] - v[2]))
+            })
+            .unzip();
+        if x.len() < cfg.min_points {
+            continue;
+        }
+        let quantum = m.trend.as_ref().map_or(1.0, |t| t.quantum);
+        let series = Series { x: &x, y: &outside, unit: &m.unit, quantum, tolerance_per_iter: 0.0 };
+        let j = judge(&series, cfg);
+        if !matches!(j.status, Status::Pass | Status::Warn) {
+            continue;
+        }
+        let own = judged_points(s, &m.name, cfg.warmup_iterations);
+        let rose = own.last().map_or(0.0, |l| l.1) - own.first().map_or(0.0, |f| f.1);
+        let v = |a: f64| fmt_value(a, &m.unit);
+        let level = v(outside[outside.len() - 1]);
+        let was = m.reason.split("; that is").next().unwrap_or_default().to_string();
+        let reason = format!(
+            "address space the allocator reserved: rose by {} ({was}), all of it {prefix}{} and {prefix}{}, while the anonymous address space outside the allocator stayed level at {level}: addresses kept for reuse, not memory (the pages behind them are judged as resident memory)",
+            v(rose),
+            parts[0],
+            parts[1]
+        );
+        warn(m, reason);
+    }
+}
+
+/// A gauge the trend layer did not pass, passed as a warning that says what it is.
+fn warn(m: &mut MetricVerdict, reason: String) {
+    m.status = Status::Warn;
+    m.first_iter = None;
+    m.projected = None;
+    m.needs_iterations = None;
+    m.reason = reason;
+}
