@@ -61,14 +61,16 @@ const HEAP: &str = "jemalloc.allocated";
 
 /// Since the heap settled, a second half that rises at under this fraction of the first half's
 /// rate is slowing. Fragmentation after a fill converges like a logarithm: in the measured runs
-/// the bookkeeping added 41, 19, 9, then 1-4 KiB per hundred iterations, and over 20 seeds of the
-/// shipped cache-churn scenario at 200 iterations the second half ran at 0 to 0.57 of the first
-/// (median 0.27). A steady rate (a bookkeeping leak) keeps a ratio near 1; 0.8 leaves the clean
-/// runs' worst a margin of 0.23 and still fails a steady rate with page-sized noise. A leak riding
-/// on converging fragmentation lowers the ratio while the fragmentation dominates: below the
-/// budget (rule 4) it passes as a warning with its rate, until a longer run, where the
-/// fragmentation has died away, shows its steady rate.
-pub const SLOWING_RATIO: f64 = 0.8;
+/// the bookkeeping added 41, 19, 9, then 1-4 KiB per hundred iterations. In the 12 of 20 seeds of
+/// the shipped cache-churn scenario at 200 iterations where the trend layer alone did not pass an
+/// overhead, its second half ran at 0.26 to 0.75 of the first (median 0.42; the highest, seed 14,
+/// added 10 KiB of bookkeeping over its last 100 iterations in small steps).
+/// A steady rate (a bookkeeping leak) keeps a ratio of 1 where the gauge is exact, as jemalloc's
+/// bookkeeping is; 0.9 leaves the clean runs' worst a margin of 0.15. A page-quantized steady
+/// rate can dip under it by chance, and a leak riding on converging fragmentation lowers the
+/// ratio while the fragmentation dominates: both pass as warnings with their rates only while
+/// within the budget (rule 4), until a longer run shows the steady rate.
+pub const SLOWING_RATIO: f64 = 0.9;
 
 /// Fewer points than this on either side of the split after the heap settled: too little to see
 /// a rate fall, so the trend layer's verdict stands.
