@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use plateau_engine::{Injection, Injections};
+use plateau_scenario::Scenario;
 use plateau_sim::faults::Profile;
 use plateau_sim::shards::SweepIdentity;
 use plateau_sim::spec::{default_scenario, parse_seeds, parse_shard, ModelKind, RunSpec};
-use plateau_spec::scenario::Scenario;
 
 #[derive(Parser)]
 #[command(

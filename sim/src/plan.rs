@@ -7,8 +7,8 @@
 //! point, on every node that is up, after the iteration's requests.
 
 use plateau_engine::{ModelConfig, Request};
-use plateau_spec::scenario::{Phase, Scenario, Stage};
-use plateau_spec::workload::{rng_for, Workload};
+use plateau_scenario::workload::{rng_for, Workload};
+use plateau_scenario::{Phase, Scenario, Stage};
 use rand_core::RngCore;
 
 /// Clients sending requests; a disconnect fault takes one away with everything it has in flight.

@@ -4,9 +4,10 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
+use plateau_detector::{analyze, warmup_rule, DetectorConfig};
 use plateau_engine::Metric;
 use plateau_reports::{Header, Kind, Row, Samples, SAMPLES_SCHEMA};
-use plateau_spec::detector::{analyze, spec_of, warmup_rule, DetectorConfig};
+use plateau_scenario::spec_of;
 
 use crate::spec::RunSpec;
 #[cfg(madsim)]

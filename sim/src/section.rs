@@ -1,7 +1,7 @@
-//! The scenario's `[sim]` section: the simulated cluster. The scenario format (plateau-spec) keeps
+//! The scenario's `[sim]` section: the simulated cluster. The scenario format (plateau-scenario) keeps
 //! the section as written; the simulator reads and checks it here, naming the field and its line.
 
-use plateau_spec::scenario::{closest, locate_key, Scenario};
+use plateau_scenario::{closest, locate_key, Scenario};
 use serde::Deserialize;
 
 /// How many nodes of each role, how long a run is, which fault profile applies and the timing

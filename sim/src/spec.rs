@@ -2,7 +2,7 @@
 //! the injections, the model backend and the seed; and the command line's seed ranges and shards.
 
 use plateau_engine::Injections;
-use plateau_spec::scenario::Scenario;
+use plateau_scenario::Scenario;
 
 use crate::faults::Profile;
 use crate::section::SimSection;

@@ -20,9 +20,10 @@ use plateau_reports::{Header, SampleLine, Status, Verdict, SAMPLES_SCHEMA};
 
 use crate::analysis::{judge_file, write_outputs, JudgeOptions};
 use crate::arena::HarnessScope;
-use crate::detector::{spec_of, warmup_rule};
+use crate::detector::warmup_rule;
 use crate::pd::pair::{PdOptions, PdPair};
 use crate::probes::{purge_every, sample_engine, ProcessProbes, Settle};
+use crate::scenario::spec_of;
 use crate::scenario::{parse_duration_secs, Abort, PdMode, Phase, Scenario, Stage};
 use crate::system::System;
 use crate::triggers::{PhaseTraits, Triggers};

@@ -2,7 +2,7 @@
 //! before the first iteration, so nothing here perturbs the samples.
 
 use plateau_reports::{Environment, ENVIRONMENT_SCHEMA};
-use plateau_spec::scenario::Scenario;
+use plateau_scenario::Scenario;
 use sha2::{Digest, Sha256};
 
 /// What the run was asked to be, beyond the scenario.

@@ -1,8 +1,12 @@
 //! plateau-soak: the soak harness: the driver, probes, P/D transports, `plateau selftest`, and the
-//! `plateau` binary (main.rs), a thin command-line shell over this library. The scenario format,
-//! the workload generator and the detector are `plateau-spec`'s (re-exported here).
+//! `plateau` binary (main.rs), a thin command-line shell over this library. The scenario format and
+//! the workload generator are `plateau-scenario`'s, the detector `plateau-detector`'s (re-exported
+//! here).
 
-pub use plateau_spec::{corpus, detector, scenario, workload};
+pub use plateau_detector as detector;
+pub use plateau_detector::corpus;
+pub use plateau_scenario as scenario;
+pub use plateau_scenario::workload;
 
 /// jemalloc is the allocator of everything that links this crate (the `plateau` binary and the
 /// tests), unprefixed so that C libraries' malloc is counted too; the harness's own allocations go

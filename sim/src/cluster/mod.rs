@@ -260,7 +260,7 @@ pub async fn run(
         cost: CostModel::new(spec.sim.kv_bandwidth_mb_per_s),
         kv_bytes_per_token: model.kv_bytes_per_token() as u64,
         kv_timeout_ms,
-        regions: s.pd.as_ref().map_or(plateau_spec::scenario::PdSection::default().regions, |p| p.regions),
+        regions: s.pd.as_ref().map_or(plateau_scenario::PdSection::default().regions, |p| p.regions),
         seed,
         spec: spec.clone(),
     });

@@ -34,7 +34,7 @@ pub fn render(snap: &Snapshot, process: &BTreeMap<String, f64>, specs: &BTreeMap
     let _ = writeln!(out, "# HELP {FAMILY} An engine registry, counter or allocator figure of plateau serve; labels say how plateau judges it.");
     let _ = writeln!(out, "# TYPE {FAMILY} gauge");
     for m in &snap.stats {
-        let spec = plateau_spec::detector::spec_of(m);
+        let spec = plateau_scenario::spec_of(m);
         line(&mut out, &m.name, &spec, m.value as f64);
     }
     for (name, value) in process {

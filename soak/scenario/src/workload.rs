@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use plateau_engine::ImageInput;
 
-use crate::scenario::{Batch, ImageFormatSpec, ImageSpec, Pressure};
+use crate::{Batch, ImageFormatSpec, ImageSpec, Pressure};
 
 pub fn rng_for(parts: &[u64]) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(plateau_engine::stable_hash::StableHasher::new().u64s(parts).finish())

@@ -109,7 +109,7 @@ impl Scenario {
             }
         }
         if let Some(t) = &self.soak.tolerance {
-            if let Err(m) = t.parse::<crate::detector::Tolerance>() {
+            if let Err(m) = t.parse::<plateau_detector::Tolerance>() {
                 return fail(soak("tolerance"), m);
             }
         }

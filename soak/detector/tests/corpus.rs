@@ -1,4 +1,4 @@
-//! The detector against its labelled corpus (`soak/spec/corpus/`, written by `plateau_spec::corpus`):
+//! The detector against its labelled corpus (`soak/detector/corpus/`, written by `plateau_detector::corpus`):
 //! every leak shape must fail on its metric and every clean shape must pass, at 60, 200 and 500
 //! iterations and three noise seeds. Prints recall and false alarms per shape; fails below 100%
 //! recall or above zero false alarms, and when a file differs from what the generator writes.
@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use plateau_detector::corpus::{cases, csv, Label, LENGTHS};
+use plateau_detector::{analyze, DetectorConfig};
 use plateau_reports::Status;
-use plateau_spec::corpus::{cases, csv, Label, LENGTHS};
-use plateau_spec::detector::{analyze, DetectorConfig};
 
 #[test]
 fn recall_is_total_and_false_alarms_are_zero() {
@@ -60,6 +60,6 @@ fn recall_is_total_and_false_alarms_are_zero() {
     assert!(wrong.is_empty(), "{} cases judged wrong:\n{}", wrong.len(), wrong.join("\n"));
     assert!(
         stale.is_empty(),
-        "corpus files differ from the generator (run `cargo run --release -p plateau-spec --example corpus`): {stale:?}"
+        "corpus files differ from the generator (run `cargo run --release -p plateau-detector --example corpus`): {stale:?}"
     );
 }

@@ -1,12 +1,12 @@
-//! Writes the labelled detector corpus (see `plateau_spec::corpus`) into `soak/spec/corpus/`, one CSV
-//! file per run length: `cargo run --release -p plateau-spec --example corpus`. Run it after a
-//! deliberate change to the generator or to the detector's resolution; `soak/spec/tests/corpus.rs`
+//! Writes the labelled detector corpus (see `plateau_detector::corpus`) into `soak/detector/corpus/`, one CSV
+//! file per run length: `cargo run --release -p plateau-detector --example corpus`. Run it after a
+//! deliberate change to the generator or to the detector's resolution; `soak/detector/tests/corpus.rs`
 //! checks that the files match. `-- --jsonl DIR` also writes every case as a samples file, for
 //! `plateau analyze DIR/leak/linear-1x/s1-n200.jsonl`.
 
 use std::path::{Path, PathBuf};
 
-use plateau_spec::corpus::{cases, csv, LENGTHS};
+use plateau_detector::corpus::{cases, csv, LENGTHS};
 
 fn main() -> std::io::Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");

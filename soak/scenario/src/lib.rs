@@ -1,33 +1,40 @@
-//! Scenario scripts (TOML): the engine setup, the soak length, and the phases each iteration runs.
-//! scenarios/README.md documents every field. Loading is strict: an unknown or misspelled field, a
-//! wrong type or an impossible value is an error naming file:line, the field and the closest known
-//! name.
+//! plateau-scenario: scenario scripts (TOML) and what they make, shared by the soak harness and
+//! the simulator with no harness dependency (no allocator, no /proc, no threads, no sockets):
+//! - the format: the engine setup, the soak length, and the phases each iteration runs
+//!   (scenarios/README.md documents every field). Loading is strict: an unknown or misspelled
+//!   field, a wrong type or an impossible value is an error naming file:line, the field and the
+//!   closest known name;
+//! - `workload`: the requests a scenario's phases make, deterministic from the seed;
+//! - `spec_of`: how an engine metric is described in a samples file.
 
 use std::path::Path;
 
 use serde::Deserialize;
 
 mod diagnostics;
+mod metric_spec;
 mod phases;
 mod sections;
 mod validate;
+pub mod workload;
 
 pub use diagnostics::{closest, locate_key, ScenarioError};
 use diagnostics::{explain, line_col, phase_error};
+pub use metric_spec::spec_of;
 pub use phases::{Abort, Batch, ImageFormatSpec, ImageSpec, Phase, Pressure, Sleep, Stage};
 pub use sections::{EngineSection, PdMode, PdSection, SoakSection};
 pub use validate::{MAX_REQUESTS_PER_PHASE, MAX_SEQUENCE_TOKENS, MAX_TEMPLATE_WIDTH};
 /// The scenarios shipped with plateau, embedded so that `plateau run NAME` and `plateau selftest`
 /// work from any directory.
 pub const SHIPPED: [(&str, &str); 8] = [
-    ("pd-transfer", include_str!("../../../../scenarios/pd-transfer.toml")),
-    ("multimodal-repeat", include_str!("../../../../scenarios/multimodal-repeat.toml")),
-    ("n-sampling", include_str!("../../../../scenarios/n-sampling.toml")),
-    ("aborts", include_str!("../../../../scenarios/aborts.toml")),
-    ("rl-rollout", include_str!("../../../../scenarios/rl-rollout.toml")),
-    ("prefill-only", include_str!("../../../../scenarios/prefill-only.toml")),
-    ("mixed", include_str!("../../../../scenarios/mixed.toml")),
-    ("cache-churn", include_str!("../../../../scenarios/cache-churn.toml")),
+    ("pd-transfer", include_str!("../../../scenarios/pd-transfer.toml")),
+    ("multimodal-repeat", include_str!("../../../scenarios/multimodal-repeat.toml")),
+    ("n-sampling", include_str!("../../../scenarios/n-sampling.toml")),
+    ("aborts", include_str!("../../../scenarios/aborts.toml")),
+    ("rl-rollout", include_str!("../../../scenarios/rl-rollout.toml")),
+    ("prefill-only", include_str!("../../../scenarios/prefill-only.toml")),
+    ("mixed", include_str!("../../../scenarios/mixed.toml")),
+    ("cache-churn", include_str!("../../../scenarios/cache-churn.toml")),
 ];
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]

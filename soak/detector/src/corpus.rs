@@ -1,5 +1,5 @@
 //! The labelled corpus: synthetic samples files of known leak and clean shapes, written by this
-//! generator into `soak/spec/corpus/` and checked by `soak/spec/tests/corpus.rs`, which runs the detector
+//! generator into `soak/detector/corpus/` and checked by `soak/detector/tests/corpus.rs`, which runs the detector
 //! over every file and fails below 100% recall or above zero false alarms.
 //!
 //! Every file holds the same base metrics, with the noise the engine's real series show (the
@@ -22,7 +22,7 @@
 //!   instead must fail).
 //!
 //! Each at 60, 200 and 500 iterations with three noise seeds, one file per length
-//! (`soak/spec/corpus/n200.csv`: a column per case). Everything is deterministic from the seed, so the
+//! (`soak/detector/corpus/n200.csv`: a column per case). Everything is deterministic from the seed, so the
 //! files in the repository can be checked against this generator; `--example corpus --jsonl DIR`
 //! also writes each case as a samples file for `plateau analyze`.
 
@@ -33,7 +33,7 @@ use plateau_reports::{Header, Kind, MetricSpec, Samples, SAMPLES_SCHEMA};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
-use crate::detector::{analyze, DetectorConfig, Tolerance};
+use crate::{analyze, DetectorConfig, Tolerance};
 
 pub const LENGTHS: [u64; 3] = [60, 200, 500];
 pub const SEEDS: [u64; 3] = [1, 2, 3];

@@ -1,4 +1,5 @@
-//! The growth detector, in two layers:
+//! plateau-detector: the growth detector over samples.jsonl v1, which depends on the samples
+//! model (plateau-reports) only. It judges in two layers:
 //! 1. exact accounting, free of statistics: every `per_request` metric is 0 at every quiescent
 //!    point, every `bounded` one within its capacity at every sample, every `counter` never
 //!    decreases, and every idle self-check the engine ran at a quiescent point held. One leaked
@@ -14,6 +15,7 @@
 
 pub mod attribution;
 mod bounds;
+pub mod corpus;
 mod exact;
 pub mod gauge;
 mod overhead;
@@ -21,7 +23,6 @@ pub mod stats;
 pub mod steps;
 pub mod tolerance;
 
-use plateau_engine::{Metric, MetricKind, REQUESTS_ADDED};
 use plateau_reports::{
     Kind, MetricSpec, MetricVerdict, Projection, Row, Samples, Status, Trend, Verdict, ROLE_REQUESTS, VERDICT_SCHEMA,
 };
@@ -79,26 +80,6 @@ impl Default for DetectorConfig {
             min_points: 20,
             tolerance: Tolerance::default(),
         }
-    }
-}
-
-/// The samples-file spec of an engine metric: its kind (what the detector judges it by), unit and
-/// capacity. The soak's probes and the simulator's quiescent samples both describe metrics this way.
-pub fn spec_of(m: &Metric) -> MetricSpec {
-    let (kind, capacity) = match m.kind {
-        MetricKind::Gauge => (Kind::Gauge, None),
-        MetricKind::PerRequest => (Kind::PerRequest, None),
-        MetricKind::Bounded { capacity } => (Kind::Bounded, Some(capacity)),
-        MetricKind::Counter => (Kind::Counter, None),
-    };
-    // Registry and engine figures are exact: they move by one entry or one byte. The engine's
-    // count of requests added (under any role prefix) is the run's measure of work.
-    let counts_requests = m.name == REQUESTS_ADDED || m.name.ends_with(&format!(".{REQUESTS_ADDED}"));
-    MetricSpec {
-        capacity,
-        quantum: Some(1.0),
-        role: counts_requests.then(|| ROLE_REQUESTS.to_string()),
-        ..MetricSpec::new(kind, m.unit)
     }
 }
 
