@@ -1,0 +1,90 @@
+//! The `plateau` command's subcommands, one file each; `main.rs` is the command table. Exit codes,
+//! for every subcommand: 0 pass; 1 growth or leak detected; 2 usage or input error; 3 the engine or
+//! the harness itself failed; 4 inconclusive (too little evidence to judge).
+
+use std::path::{Path, PathBuf};
+
+use plateau_soak::driver::RunError;
+
+pub mod analyze;
+pub mod explain;
+pub mod history;
+pub mod list;
+pub mod node;
+pub mod report;
+pub mod run;
+pub mod selftest;
+pub mod serve;
+
+pub const PASS: u8 = 0;
+pub const LEAK: u8 = 1;
+pub const USAGE: u8 = 2;
+pub const HARNESS: u8 = 3;
+pub const INCONCLUSIVE: u8 = 4;
+
+/// The exit code of a verdict, for every subcommand that judges one: fail 1, inconclusive 4, pass 0.
+pub fn verdict_code(v: &plateau_reports::Verdict) -> u8 {
+    v.exit_code()
+}
+
+/// Files for CI systems, written beside the usual outputs (each whole or not at all).
+#[derive(clap::Args, Default)]
+pub struct CiArgs {
+    /// Write GitHub's job-summary markdown here (verdict, a table of failing metrics, links, the
+    /// replay command); point it at $GITHUB_STEP_SUMMARY in a workflow.
+    #[arg(long, value_name = "FILE", help_heading = "CI outputs")]
+    summary_md: Option<PathBuf>,
+    /// Write JUnit XML here: a testsuite per run, its verdict and a testcase per judged metric.
+    #[arg(long, value_name = "FILE", help_heading = "CI outputs")]
+    junit: Option<PathBuf>,
+}
+
+impl CiArgs {
+    /// Writes the files asked for; an unwritable one is the user's (exit 2).
+    pub fn write(&self, runs: &[plateau_reports::ci::RunRef]) -> Result<(), u8> {
+        self.write_texts(|| plateau_reports::ci::summary_markdown(runs), || plateau_reports::ci::junit(runs))
+    }
+
+    /// The same for a list of checks (selftest's cases).
+    pub fn write_checks(&self, title: &str, checks: &[plateau_reports::ci::Check]) -> Result<(), u8> {
+        self.write_texts(
+            || plateau_reports::ci::checks_markdown(title, checks),
+            || plateau_reports::ci::checks_junit("selftest", checks),
+        )
+    }
+
+    fn write_texts(&self, md: impl Fn() -> String, xml: impl Fn() -> Result<String, String>) -> Result<(), u8> {
+        let write = |path: &Path, text: &str| {
+            plateau_soak::analysis::write_atomic(path, text.as_bytes()).map_err(|e| {
+                eprintln!("plateau: {}: {e}", path.display());
+                USAGE
+            })
+        };
+        if let Some(p) = &self.summary_md {
+            write(p, &md())?;
+        }
+        if let Some(p) = &self.junit {
+            let text = xml().map_err(|e| {
+                eprintln!("plateau: --junit: {e}");
+                HARNESS
+            })?;
+            write(p, &text)?;
+        }
+        Ok(())
+    }
+}
+
+/// Prints why a run could not produce a verdict; its exit code: bad input 2, the harness 3.
+pub fn run_error_code(e: RunError) -> u8 {
+    eprintln!("plateau: {e}");
+    match e {
+        RunError::Input(_) => USAGE,
+        RunError::Harness(_) => HARNESS,
+    }
+}
+
+/// UTC time as YYYYmmdd-HHMMSS, for default run directories.
+pub fn timestamp() -> String {
+    let (y, m, d, hh, mm, ss) = plateau_soak::environment::utc_now_parts();
+    format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}")
+}

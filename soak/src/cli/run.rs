@@ -1,0 +1,384 @@
+//! `plateau run`: a soak of plateau's own engine (in-process, a P/D pair in threads or processes)
+//! or of a server at `--target`, then its verdict, the profiled replay that names the heap's
+//! allocation sites, and the files CI reads.
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use plateau_engine::{Injection, Injections};
+use plateau_soak::analysis::describe;
+use plateau_soak::detector::Tolerance;
+use plateau_soak::driver::{self, Progress, RunError, RunOptions};
+use plateau_soak::scenario::Scenario;
+
+use super::{run_error_code, timestamp, verdict_code, CiArgs, HARNESS, LEAK, USAGE};
+
+/// Soak a server plateau did not start in-process: see README, "Soak your own server".
+#[derive(clap::Args)]
+pub struct ExternalArgs {
+    /// Send the scenario's requests to this OpenAI-compatible server (http://HOST:PORT) instead of
+    /// plateau's own engine; its /metrics is scraped and its processes probed (--pid, --spawn).
+    #[arg(long, value_name = "URL", help_heading = "External target")]
+    target: Option<String>,
+    /// The server's process id: it and its descendants are probed (memory, mappings, fds,
+    /// threads, GPU memory).
+    #[arg(long, requires = "target", conflicts_with = "spawn", help_heading = "External target")]
+    pid: Option<i32>,
+    /// Start the server with this shell command, wait until it answers, stop it at the end (and
+    /// on Ctrl-C); its output goes to target.log in the run directory.
+    #[arg(long, value_name = "CMD", requires = "target", help_heading = "External target")]
+    spawn: Option<String>,
+    /// A TOML file mapping the server's Prometheus metrics to kinds (added to the built-in
+    /// rules for vLLM, SGLang, llama.cpp and plateau serve).
+    #[arg(long, value_name = "FILE", requires = "target", help_heading = "External target")]
+    metrics_map: Option<PathBuf>,
+    /// Requests in flight at most.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096), help_heading = "External target")]
+    concurrency: u64,
+    /// Seconds the server may take to answer `GET /v1/models` (a spawned one: to start and
+    /// answer); past it the run stops with exit 3.
+    #[arg(long, default_value_t = 600, help_heading = "External target")]
+    ready_timeout_s: u64,
+    /// Milliseconds to wait, after the last request, for the server's in-flight gauges to read zero.
+    #[arg(long, default_value_t = 10_000, help_heading = "External target")]
+    settle_timeout_ms: u64,
+    /// Seconds one request may take.
+    #[arg(long, default_value_t = 300, help_heading = "External target")]
+    request_timeout_s: u64,
+}
+
+// Parsed once per process: the size of `run`'s flags next to the small subcommands costs nothing.
+
+#[derive(clap::Args)]
+pub struct Args {
+    scenario: String,
+    /// cpu, cuda or auto (default: the scenario's).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Seed of the workload and of requests' sampling (default: the scenario's).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Iterations to run (default: the scenario's).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "duration")]
+    iterations: Option<u64>,
+    /// Run for a wall-clock time instead: 90s, 10m, 2h.
+    #[arg(long)]
+    duration: Option<String>,
+    /// While a gauge is undecided at the planned length (a staircase whose next step is not
+    /// yet due, too few points), go on in steps to the length that would decide it, up to
+    /// --max-iterations; a run still undecided there exits 4 saying what it saw. Not yet with
+    /// --target.
+    #[arg(long, conflicts_with = "duration")]
+    until_decided: bool,
+    /// The cap of --until-decided (default: the scenario's `[soak] max_iterations`, else four
+    /// times the planned length).
+    #[arg(long, requires = "until_decided", value_parser = clap::value_parser!(u64).range(1..))]
+    max_iterations: Option<u64>,
+    /// Switch on a leak injection (repeatable; see `plateau list`).
+    #[arg(long = "inject", value_name = "NAME")]
+    inject: Vec<Injection>,
+    /// Output directory (default: runs/<scenario>-<time>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Timer samples between quiescent points, in ms; 0 samples only at quiescent points.
+    #[arg(long)]
+    sample_interval_ms: Option<u64>,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+    /// Run a prefill/decode scenario with a process per role, TCP between them.
+    #[arg(long)]
+    pd_processes: bool,
+    /// Quiescent iterations the trend test skips (default: the scenario's, 20 unless it says).
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// Byte growth to accept, per request or per iteration: 64B/request, 1KiB/iteration, 0
+    /// (default: the scenario's, else 1B/request).
+    #[arg(long)]
+    tolerance: Option<Tolerance>,
+    /// Replay the run with jemalloc's heap profiler and name the allocation sites of its heap
+    /// growth (growth.txt, growth.pb.gz, growth.svg), even if the heap did not fail. A heap
+    /// that fails is always replayed.
+    #[arg(long)]
+    profile: bool,
+    /// The profiled replay's own side (set by plateau for the child it runs): activate the
+    /// heap profiler at quiescent point START and dump the live heap there and at END.
+    #[arg(long, hide = true, value_name = "START:END", value_parser = parse_window)]
+    profile_window: Option<(u64, u64)>,
+    #[command(flatten)]
+    external: ExternalArgs,
+    #[command(flatten)]
+    ci: CiArgs,
+}
+
+pub fn main(a: Args) -> u8 {
+    let Args {
+        scenario,
+        backend,
+        seed,
+        iterations,
+        duration,
+        until_decided,
+        max_iterations,
+        inject,
+        out,
+        sample_interval_ms,
+        quiet,
+        pd_processes,
+        warmup,
+        tolerance,
+        profile,
+        profile_window,
+        external,
+        ci,
+    } = a;
+    if profile && !plateau_soak::heapprof::control::compiled_in() {
+        eprintln!("plateau: --profile: this build of plateau has no heap profiling (jemalloc without `profiling`)");
+        return USAGE;
+    }
+    let (s, _) = match Scenario::load(&scenario) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("plateau: {e}");
+            return USAGE;
+        }
+    };
+    let planned = iterations.unwrap_or(s.soak.iterations);
+    let cap = max_iterations.unwrap_or_else(|| s.soak.until_decided_cap(planned));
+    if until_decided && cap < planned {
+        eprintln!("plateau: --max-iterations {cap} is below the run's planned length ({planned} iterations)");
+        return USAGE;
+    }
+    if until_decided && external.target.is_some() {
+        eprintln!(
+            "plateau: --until-decided: not yet available with --target (plateau's own engine only); give --iterations"
+        );
+        return USAGE;
+    }
+    let interrupt = Arc::new(AtomicBool::new(false));
+    // Ctrl-C sets the flag from the signal handler itself: no handler thread, whose first
+    // allocation (its arena, at a moment the scheduler picks) would race the baseline sample.
+    if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&interrupt)) {
+        eprintln!("plateau: warning: Ctrl-C will end the run without a verdict: {e}");
+    }
+    let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-{}", s.name, timestamp())));
+    // A run refused for bad input leaves no directory of its own behind (`history add
+    // runs/*` must keep working); a directory the user named and that existed stays.
+    let fresh_dir = !out_dir.exists();
+    if profile_window.is_none() {
+        // The profiled replay's child writes into its own directory: only the run itself
+        // records where it ran.
+        let id = plateau_soak::environment::RunIdentity {
+            version: env!("CARGO_PKG_VERSION"),
+            commit: env!("PLATEAU_COMMIT"),
+            source: &s.file,
+            seed: seed.unwrap_or(s.soak.seed),
+            backend: if external.target.is_some() {
+                "external"
+            } else {
+                backend.as_deref().unwrap_or(&s.engine.backend)
+            },
+            target: external.target.as_deref(),
+        };
+        let env = plateau_soak::environment::collect(&s, &id);
+        let text = serde_json::to_string_pretty(&env).unwrap_or_default() + "\n";
+        if let Err(e) = std::fs::create_dir_all(&out_dir)
+            .and_then(|_| plateau_soak::analysis::write_atomic(&out_dir.join("environment.json"), text.as_bytes()))
+        {
+            eprintln!("plateau: --out {}: {e}", out_dir.display());
+            return USAGE;
+        }
+    }
+    let opts_out_dir = out_dir.clone();
+    let opts = RunOptions {
+        iterations,
+        duration,
+        until_decided: until_decided.then_some(cap),
+        seed,
+        injections: inject.into_iter().collect::<Injections>(),
+        backend,
+        out_dir,
+        sample_interval_ms,
+        progress: if quiet { Progress::Quiet } else { Progress::detect() },
+        interrupt,
+        scenario_source: scenario.clone(),
+        pd_processes,
+        warmup,
+        tolerance,
+        profile_window,
+    };
+    let result = match &external.target {
+        Some(url) => {
+            if profile || pd_processes || opts.backend.is_some() {
+                eprintln!(
+                    "plateau: --target: --profile, --pd-processes and --backend apply to plateau's own engine only"
+                );
+                return USAGE;
+            }
+            if opts.sample_interval_ms.is_some_and(|ms| ms > 0) {
+                eprintln!("plateau: --target: a server is sampled at quiescent points only (no timer samples); drop --sample-interval-ms");
+                return USAGE;
+            }
+            let ext = plateau_soak::external::ExternalOptions {
+                url: url.clone(),
+                pid: external.pid,
+                spawn: external.spawn.clone(),
+                metrics_map: external.metrics_map.clone(),
+                concurrency: external.concurrency as usize,
+                ready_timeout: std::time::Duration::from_secs(external.ready_timeout_s),
+                settle_timeout: std::time::Duration::from_millis(external.settle_timeout_ms),
+                request_timeout: std::time::Duration::from_secs(external.request_timeout_s),
+            };
+            plateau_soak::external::run(&s, &opts, &ext)
+        }
+        None => driver::run(&s, &opts),
+    };
+    match result {
+        Ok(mut r) => {
+            if external.target.is_none() {
+                if let Some(code) = heap_sites(&mut r, &s, &opts, profile) {
+                    return code;
+                }
+            }
+            if r.aborts.invalid_accepted > 0 {
+                eprintln!(
+                    "plateau: the target answered 2xx to {} invalid requests it should have refused",
+                    r.aborts.invalid_accepted
+                );
+            }
+            eprint!("{}", describe(&r.verdict));
+            eprintln!(
+                "plateau: {} iterations in {:.1} s ({} aborted, {} abort targets ended first, {} invalid requests refused); results in {}",
+                r.iterations,
+                r.wall_secs,
+                r.aborts.aborted,
+                r.aborts.missed,
+                r.aborts.invalid_refused,
+                r.out_dir.display()
+            );
+            if !r.triggers.is_empty() {
+                eprintln!("plateau: triggers fired: {}", plateau_soak::triggers::summary(&r.triggers));
+                for t in plateau_soak::triggers::short(&r.triggers) {
+                    eprintln!(
+                        "plateau: warning: the scenario claims {} but it fired {} times (fewer than {}): a leak on that path could not be seen",
+                        t.trigger,
+                        t.fired,
+                        plateau_soak::triggers::MIN_FIRED
+                    );
+                }
+            }
+            let mut inj: String = r.verdict.injections.iter().map(|i| format!(" --inject {i}")).collect();
+            if let Some(url) = &external.target {
+                inj.push_str(&format!(" --target {url}"));
+                match (&external.spawn, external.pid) {
+                    (Some(cmd), _) => inj.push_str(&format!(" --spawn {cmd:?}")),
+                    (None, Some(pid)) => inj.push_str(&format!(" --pid {pid}")),
+                    (None, None) => {}
+                }
+            }
+            let replay = format!("plateau run {scenario} --seed {} --iterations {}{inj}", r.verdict.seed, r.iterations);
+            let run = plateau_reports::ci::RunRef {
+                verdict: &r.verdict,
+                dir: r.out_dir.display().to_string(),
+                replay: Some(replay.clone()),
+            };
+            if let Err(code) = ci.write(&[run]) {
+                return code;
+            }
+            if r.verdict.failed() {
+                eprintln!("plateau: reproduce with: {replay}");
+                LEAK
+            } else if r.interrupted {
+                eprintln!("plateau: interrupted: the verdict is incomplete");
+                HARNESS
+            } else {
+                if r.verdict.inconclusive() {
+                    eprintln!(
+                        "plateau: inconclusive: too little evidence to judge; run longer (nothing here is a pass)"
+                    );
+                }
+                verdict_code(&r.verdict)
+            }
+        }
+        Err(e) => {
+            if fresh_dir && matches!(e, RunError::Input(_)) {
+                let _ = std::fs::remove_dir_all(&opts_out_dir);
+            }
+            run_error_code(e)
+        }
+    }
+}
+
+/// "A:B", two iterations.
+fn parse_window(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s.split_once(':').ok_or_else(|| format!("`{s}`: write START:END"))?;
+    let n = |t: &str| t.trim().parse::<u64>().map_err(|_| format!("`{t}` is not an iteration"));
+    let (a, b) = (n(a)?, n(b)?);
+    if a >= b {
+        return Err(format!("`{s}`: START must come before END"));
+    }
+    Ok((a, b))
+}
+
+/// Iterations a profiled replay profiles after warm-up, unless the growth became conclusive later
+/// (then up to that iteration, so a late onset is inside the window): enough for a per-iteration
+/// figure at the byte, while sampling every allocation costs the replay several times a plain run.
+const REPLAY_ITERATIONS: u64 = 40;
+
+/// After a run whose heap failed (or with --profile), the profiled replay that names where it
+/// grew; then the verdict is drawn again with the sites. Some(exit code) when the replay could not
+/// be run (the run's verdict stays written) or the growth is in another process.
+fn heap_sites(r: &mut driver::RunResult, s: &Scenario, opts: &RunOptions, profile: bool) -> Option<u8> {
+    if opts.profile_window.is_some() || r.interrupted {
+        return None;
+    }
+    // A node process's heap (`decode.jemalloc.allocated`) is not replayed: the verdict says so
+    // (analysis::note_node_heaps).
+    let heap = r.verdict.metrics.iter().find(|m| m.name == "jemalloc.allocated")?;
+    if !(profile || heap.status == plateau_reports::Status::Fail) {
+        return None;
+    }
+    let start = r.verdict.warmup_iterations.max(1);
+    let end = r.iterations.min((start + REPLAY_ITERATIONS).max(heap.first_iter.unwrap_or(0)));
+    if end <= start {
+        eprintln!("plateau: no profiled replay: the run ended within its warm-up");
+        return None;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("plateau: the profiled replay cannot find this binary: {e}");
+            return Some(HARNESS);
+        }
+    };
+    let injections: Vec<String> = r.verdict.injections.clone();
+    let spec = plateau_soak::heapprof::replay::ReplaySpec {
+        exe: &exe,
+        scenario: &opts.scenario_source,
+        seed: r.verdict.seed,
+        injections: &injections,
+        start_iter: start,
+        end_iter: end,
+        run_dir: &r.out_dir,
+        metric: "jemalloc.allocated",
+        run_bytes_per_iter: heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter),
+        requests_per_iter: r.verdict.requests_per_iter,
+    };
+    eprintln!("plateau: profiling a replay of iterations {start}..{end} for the heap's allocation sites");
+    if let Err(e) = spec.run() {
+        eprint!("{}", describe(&r.verdict));
+        eprintln!("plateau: {e}; the run's verdict is in {}", r.out_dir.display());
+        return Some(HARNESS);
+    }
+    match driver::rejudge(s, opts, r.interrupted) {
+        Ok(v) => {
+            r.verdict = v;
+            None
+        }
+        Err(e) => {
+            eprintln!("plateau: {e}");
+            Some(HARNESS)
+        }
+    }
+}
