@@ -67,8 +67,7 @@ pub struct Args {
     duration: Option<String>,
     /// While a gauge is undecided at the planned length (a staircase whose next step is not
     /// yet due, too few points), go on in steps to the length that would decide it, up to
-    /// --max-iterations; a run still undecided there exits 4 saying what it saw. Not yet with
-    /// --target.
+    /// --max-iterations; a run still undecided there exits 4 saying what it saw.
     #[arg(long, conflicts_with = "duration")]
     until_decided: bool,
     /// The cap of --until-decided (default: the scenario's `[soak] max_iterations`, else four
@@ -148,12 +147,6 @@ pub fn main(a: Args) -> u8 {
     let cap = max_iterations.unwrap_or_else(|| s.soak.until_decided_cap(planned));
     if until_decided && cap < planned {
         eprintln!("plateau: --max-iterations {cap} is below the run's planned length ({planned} iterations)");
-        return USAGE;
-    }
-    if until_decided && external.target.is_some() {
-        eprintln!(
-            "plateau: --until-decided: not yet available with --target (plateau's own engine only); give --iterations"
-        );
         return USAGE;
     }
     let interrupt = Arc::new(AtomicBool::new(false));

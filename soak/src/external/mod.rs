@@ -2,9 +2,10 @@
 //! the OpenAI-compatible API its clients use (`plateau run SCENARIO --target URL [--pid P |
 //! --spawn CMD]`).
 //!
-//! A run: start the server (`--spawn`) or find it (`--pid`), wait until it answers, scrape its
-//! `/metrics` once to learn what it reports, write the samples header, take a baseline sample; then
-//! iteration by iteration send every phase's requests (at most `concurrency` at once, aborts as a
+//! The run loop is the driver's, as for plateau's own engine; this module is the target
+//! (`http_target.rs`) and its setup. A run: start the server (`--spawn`) or find it (`--pid`),
+//! wait until it answers, scrape its `/metrics` once to learn what it reports, write the samples
+//! header, take a baseline sample; then iteration by iteration send every phase's requests (at most `concurrency` at once, aborts as a
 //! client closes a stream, invalid requests expecting a 4xx), wait until every request is done and
 //! the server's in-flight gauges are zero (or the settle timeout passes, which is counted and
 //! reported), and take a quiescent sample: the process tree's memory ([`tree`]), GPU memory per
@@ -22,25 +23,19 @@ pub mod mapping;
 pub mod target;
 pub mod tree;
 
+mod http_target;
+
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use futures_util::stream::{self, StreamExt};
-use plateau_reports::{Header, Kind, MetricSpec, SampleLine, Verdict, SAMPLES_SCHEMA};
+use plateau_reports::{Kind, MetricSpec};
 
-use crate::detector::warmup_rule;
-use crate::driver::{
-    clear_earlier_run, rejudge, run_length, write_json, AbortCounts, Progress, RunError, RunOptions, RunResult,
-    MAX_ITERATIONS,
-};
+use crate::driver::{plan_run, prepare_out_dir, run_with, AbortCounts, RunError, RunOptions, RunResult};
 use crate::probes::PURGED_ONLY;
-use crate::scenario::{Phase, Scenario, Stage};
-use crate::workload::{rng_for, Workload};
-use client::{Action, Client, ClientError, Outcome};
+use crate::scenario::Scenario;
+use client::{Client, ClientError};
+use http_target::HttpTarget;
 use mapping::Mapping;
 
 /// Poll period of the readiness and quiescence waits.
@@ -89,191 +84,21 @@ fn check_url(url: &str) -> Result<(), RunError> {
     Ok(())
 }
 
-struct Soak<'a> {
-    client: Client,
-    mapping: Mapping,
-    /// Whether the target has a /metrics.
-    scrapes: bool,
-    tree: Option<tree::Tree>,
-    target: Option<target::Target>,
-    gpu: Option<gpu::GpuProbe>,
-    declared: BTreeMap<String, MetricSpec>,
-    out: BufWriter<File>,
-    start: Instant,
-    iter: u64,
-    requests_sent: u64,
-    settle_timeouts: u64,
-    skipped_sleeps: u64,
-    aborts: AbortCounts,
-    ext: &'a ExternalOptions,
-    own: crate::probes::ProcessProbes,
-}
-
-impl Soak<'_> {
-    async fn scrape(&self) -> Result<Option<mapping::Scraped>, RunError> {
-        if !self.scrapes {
-            return Ok(None);
-        }
-        let url = format!("{}/metrics", self.client.base());
-        let text = fetch_metrics(&url).await?;
-        let text = text.ok_or_else(|| RunError::Harness(format!("GET {url}: gone mid-run")))?;
-        let samples = mapping::parse_text(&text, &format!("GET {url}")).map_err(RunError::Harness)?;
-        Ok(Some(self.mapping.apply(&samples)))
-    }
-
-    fn check_alive(&mut self) -> Result<(), RunError> {
-        let Some(t) = &mut self.target else { return Ok(()) };
-        if t.alive() {
-            return Ok(());
-        }
-        let how = t.exit_status().map(|s| format!(" ({s})")).unwrap_or_default();
-        Err(RunError::Harness(format!("the target process {} exited at iteration {}{how}", t.pid, self.iter + 1)))
-    }
-
-    /// Waits for every in-flight gauge to read zero, at most the settle timeout.
-    async fn settle(&mut self) -> Result<(), RunError> {
-        let t0 = Instant::now();
-        loop {
-            match self.scrape().await? {
-                Some(s) if s.in_flight.is_some_and(|n| n > 0.0) => {}
-                _ => return Ok(()),
-            }
-            if t0.elapsed() >= self.ext.settle_timeout {
-                self.settle_timeouts += 1;
-                return Ok(());
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
-
-    async fn sample(&mut self) -> Result<(), RunError> {
-        self.check_alive()?;
-        let mut values = BTreeMap::new();
-        let mut cost_us = BTreeMap::new();
-        // The scrape first: a server that settles its allocator when scraped idle (plateau serve)
-        // has done so before its process is read.
-        let t0 = Instant::now();
-        // A server that says whether its allocator holds freed pages (plateau serve) has its
-        // page-level levels recorded only where it does not: there they mean live memory.
-        let mut unsettled = false;
-        if let Some(s) = self.scrape().await? {
-            unsettled = s.settled == Some(false);
-            values.extend(s.values);
-        }
-        let t1 = Instant::now();
-        cost_us.insert("scrape".into(), (t1 - t0).as_secs_f64() * 1e6);
-        if let Some(tree) = &self.tree {
-            let pids = tree.sample(&mut values);
-            if let Some(g) = &self.gpu {
-                g.sample(&pids, &mut values);
-            }
-        }
-        cost_us.insert("target_proc".into(), t1.elapsed().as_secs_f64() * 1e6);
-        if unsettled {
-            values.retain(|k, _| !is_page_level(k));
-        }
-        let mut own = BTreeMap::new();
-        self.own.sample("plateau.", crate::probes::Settle::Flush, &mut own, &mut BTreeMap::new());
-        if let Some(p) = self.own.process() {
-            crate::probes::read_proc(p, "plateau.", &mut own);
-        }
-        values.extend(own);
-        values.insert(REQUESTS.into(), self.requests_sent as f64);
-        values.retain(|k, _| self.declared.contains_key(k));
-        let line = SampleLine {
-            t: self.start.elapsed().as_secs_f64(),
-            iter: self.iter,
-            quiescent: true,
-            values,
-            cost_us,
-            checks: BTreeMap::new(),
-        };
-        serde_json::to_writer(&mut self.out, &line).map_err(|e| RunError::Harness(e.to_string()))?;
-        self.out.write_all(b"\n").map_err(|e| RunError::Harness(e.to_string()))
-    }
-
-    /// Sends a phase's requests and waits for all of them.
-    async fn run_phase(
-        &mut self,
-        scenario: &Scenario,
-        workload: &mut Workload,
-        index: usize,
-        phase: &Phase,
-    ) -> Result<(), RunError> {
-        let iter = self.iter + 1;
-        let mut sends: Vec<(plateau_engine::Request, Action)> = Vec::new();
-        let abort = |ids: &[u64], a: &Option<crate::scenario::Abort>, w: &Workload| -> BTreeMap<u64, Action> {
-            let Some(a) = a else { return BTreeMap::new() };
-            let mut rng = rng_for(&[w.seed, iter, index as u64, 0x7a]);
-            w.abort_targets(ids, a.fraction, iter, index)
-                .into_iter()
-                .map(|id| {
-                    let k = rand_core::RngCore::next_u64(&mut rng) % 8;
-                    let action = match a.stage {
-                        Stage::Decode | Stage::Preempted | Stage::Any => Action::CloseAfterChunks(1 + k as u32),
-                        _ => Action::CloseBeforeFirstToken { after_ms: 1 + k },
-                    };
-                    (id, action)
-                })
-                .collect()
-        };
-        match phase {
-            Phase::Batch(b) => {
-                let reqs = workload.batch(index, b, iter);
-                let ids: Vec<u64> = reqs.iter().map(|r| r.id).collect();
-                let actions = abort(&ids, &b.abort, workload);
-                for r in reqs {
-                    let a = actions.get(&r.id).copied().unwrap_or(Action::Complete);
-                    sends.push((r, a));
-                }
-                let vocab = vocab_size(scenario);
-                for k in 0..b.invalid as u64 {
-                    let (bad, what) = workload.invalid(k + iter, vocab);
-                    let as_tokens = what.contains("vocabulary");
-                    // Spread through the batch, as the in-process driver does.
-                    let at = ((k as usize) * 4 + 2).min(sends.len());
-                    sends.insert(at, (bad, Action::ExpectRefusal { as_tokens }));
-                }
-            }
-            Phase::Pressure(p) => {
-                let c = scenario.engine.to_config(plateau_engine::Injections::default(), workload.seed);
-                let reqs = workload.pressure(p, c.num_kv_blocks * c.block_size, c.max_num_seqs);
-                let ids: Vec<u64> = reqs.iter().map(|r| r.id).collect();
-                let actions = abort(&ids, &p.abort, workload);
-                for r in reqs {
-                    let a = actions.get(&r.id).copied().unwrap_or(Action::Complete);
-                    sends.push((r, a));
-                }
-            }
-            Phase::Sleep(_) => {
-                self.skipped_sleeps += 1;
-                return Ok(());
-            }
-        }
-        self.requests_sent += sends.len() as u64;
-        let client = &self.client;
-        let mut results =
-            stream::iter(sends.iter()).map(|(r, a)| client.send(r, *a)).buffer_unordered(self.ext.concurrency.max(1));
-        // The first failure stops the phase: requests not yet sent are never sent to a failing
-        // server, and those in flight are closed.
-        while let Some(r) = results.next().await {
-            match r.map_err(client_err)? {
-                Outcome::Completed { .. } => {}
-                Outcome::Aborted => self.aborts.aborted += 1,
-                Outcome::EndedFirst => self.aborts.missed += 1,
-                Outcome::Refused => self.aborts.invalid_refused += 1,
-                Outcome::Accepted => self.aborts.invalid_accepted += 1,
-            }
-        }
-        Ok(())
-    }
-}
-
 /// A target level that counts the allocator's unused pages until they are given back: RSS and
 /// RssAnon of the tree and of each process, the allocator's resident and mapped pages.
 fn is_page_level(name: &str) -> bool {
     let Some(rest) = name.strip_prefix(mapping::PREFIX) else { return false };
     PURGED_ONLY.iter().any(|p| rest == *p || rest.ends_with(&format!(".{p}")))
+}
+
+/// The sizes phase plans take from the scenario's engine section, standing for the server's.
+fn shape_of(s: &Scenario, seed: u64) -> crate::driver::target::Shape {
+    let c = s.engine.to_config(plateau_engine::Injections::default(), seed);
+    crate::driver::target::Shape {
+        vocab_size: vocab_size(s),
+        pool_tokens: c.num_kv_blocks * c.block_size,
+        max_num_seqs: c.max_num_seqs,
+    }
 }
 
 /// The scenario's model vocabulary (for the out-of-vocabulary invalid request); a large one when
@@ -361,14 +186,13 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     if opts.injections.iter().next().is_some() {
         return Err(RunError::Input("--inject switches on leaks in plateau's own engine; with --target, give them to the server (plateau serve --inject NAME)".into()));
     }
-    let (limit, duration) = run_length(scenario, opts)?;
+    // A server is sampled at quiescent points only (`run` refuses --sample-interval-ms > 0).
+    let plan = crate::driver::RunPlan { interval: None, ..plan_run(scenario, opts)? };
     let mapping = match &ext.metrics_map {
         Some(p) => Mapping::with_file(p).map_err(RunError::Input)?,
         None => Mapping::built_in(),
     };
-    std::fs::create_dir_all(&opts.out_dir)
-        .map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
-    clear_earlier_run(&opts.out_dir);
+    prepare_out_dir(opts)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -409,10 +233,6 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         }
         (None, _) => None,
     };
-    let seed = opts.seed.unwrap_or(scenario.soak.seed);
-    let known_length = (limit != MAX_ITERATIONS).then_some(limit);
-    let warmup =
-        warmup_rule(opts.warmup, Some(scenario.soak.warmup_iterations), known_length).map_err(RunError::Input)?;
     let mut declared = BTreeMap::new();
     if let Some(t) = &tree {
         declared.extend(t.specs());
@@ -434,171 +254,26 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
             ..MetricSpec::new(Kind::Counter, "count")
         },
     );
-    let header = Header {
-        schema: SAMPLES_SCHEMA.into(),
-        scenario: scenario.name.clone(),
-        seed,
-        backend: format!("external {} ({})", client.base(), client.model()),
-        metrics: declared.clone(),
-        warmup_iterations: Some(warmup),
-        injections: Vec::new(),
-    };
-    let samples_path = opts.out_dir.join("samples.jsonl");
-    let file = File::create(&samples_path).map_err(|e| RunError::Input(format!("{}: {e}", samples_path.display())))?;
-    let mut out = BufWriter::with_capacity(64 * 1024, file);
-    serde_json::to_writer(&mut out, &header).map_err(|e| RunError::Harness(e.to_string()))?;
-    out.write_all(b"\n").map_err(|e| RunError::Harness(e.to_string()))?;
     if first.is_none() {
         eprintln!("plateau: {metrics_url} answered 404: only the target's processes are judged");
     }
-    let mut soak = Soak {
+    let http = http_target::Http {
         client,
         mapping,
         scrapes: first.is_some(),
         tree,
         target: target.take(),
+        oom,
         gpu,
         declared,
-        out,
-        start: Instant::now(),
-        iter: 0,
         requests_sent: 0,
         settle_timeouts: 0,
         skipped_sleeps: 0,
         aborts: AbortCounts::default(),
         ext,
         own: crate::probes::ProcessProbes::new(),
+        last_mappings: Vec::new(),
+        shape: shape_of(scenario, plan.seed),
     };
-    let mut snapshots = crate::mappings::Snapshots::default();
-    let mut interrupted = false;
-    let outcome: Result<(), RunError> = runtime.block_on(async {
-        let mut workload = Workload::new(seed);
-        let mut last_line = Instant::now();
-        soak.sample().await?;
-        for iter in 1..=limit {
-            if duration.is_some_and(|d| soak.start.elapsed() >= d) {
-                break;
-            }
-            for (i, phase) in scenario.phases.iter().enumerate() {
-                soak.run_phase(scenario, &mut workload, i, phase).await?;
-                if opts.interrupt.load(Ordering::Relaxed) {
-                    break;
-                }
-            }
-            soak.settle().await?;
-            soak.iter = iter;
-            soak.sample().await?;
-            if let Some(t) = &soak.tree {
-                let now = procfs::process::Process::new(t.root())
-                    .map(|p| crate::mappings::of_process(&p))
-                    .unwrap_or_default();
-                if iter == warmup.max(1) {
-                    snapshots.start_iter = iter;
-                    snapshots.start = now;
-                } else if iter > warmup {
-                    snapshots.end_iter = iter;
-                    snapshots.end = now;
-                }
-            }
-            if opts.progress != Progress::Quiet && (last_line.elapsed() >= Duration::from_secs(10) || iter == limit) {
-                eprintln!(
-                    "plateau: iteration {iter}/{limit}, {:.1} s, target {}",
-                    soak.start.elapsed().as_secs_f64(),
-                    soak.client.base()
-                );
-                last_line = Instant::now();
-            }
-            if opts.interrupt.load(Ordering::Relaxed) {
-                interrupted = true;
-                break;
-            }
-        }
-        Ok(())
-    });
-    soak.out.flush().map_err(|e| RunError::Harness(format!("{}: {e}", samples_path.display())))?;
-    let wall_secs = soak.start.elapsed().as_secs_f64();
-    // A target that ended before the run did: how, before anything else touches it.
-    let target_exit = match (&outcome, soak.target.as_mut(), &oom) {
-        (Err(_), Some(t), Some(w)) => (!t.alive()).then(|| w.describe(t.exit_status())),
-        _ => None,
-    };
-    if let Some(t) = &mut soak.target {
-        t.stop();
-    }
-    let (iterations, aborts, settle_timeouts) = (soak.iter, soak.aborts, soak.settle_timeouts);
-    if soak.settle_timeouts > 0 {
-        eprintln!(
-            "plateau: {} of {iterations} quiescent points were sampled with requests still in flight at the target (settle timeout {} ms)",
-            soak.settle_timeouts,
-            ext.settle_timeout.as_millis()
-        );
-    }
-    if soak.skipped_sleeps > 0 {
-        eprintln!(
-            "plateau: {} sleep phases skipped: an external target has no sleep/wake over the API",
-            soak.skipped_sleeps
-        );
-    }
-    if let Some(t) = &soak.tree {
-        let roles = t.roles();
-        if !roles.is_empty() {
-            eprintln!("plateau: target processes: {}", roles.join(", "));
-        }
-    }
-    drop(soak);
-    if !snapshots.end.is_empty() {
-        write_json(&opts.out_dir.join("mappings.json"), &snapshots)?;
-    }
-    let note = |mut v: Verdict| -> Result<Verdict, RunError> {
-        v.target_exit = target_exit.clone();
-        v.settle_timeouts = settle_timeouts;
-        if let Some(how) = &target_exit {
-            v.summary.push_str(&format!(
-                "; {how}, {}",
-                if v.failed() {
-                    "after the growth was already conclusive: the leak is the finding"
-                } else {
-                    "before any growth was conclusive: the run could not be judged"
-                }
-            ));
-        }
-        write_json(&opts.out_dir.join("verdict.json"), &v)?;
-        Ok(v)
-    };
-    if let Err(e) = outcome {
-        // What was sampled before the failure is kept and judged, marked incomplete. Growth that
-        // was conclusive before the target died is the run's finding (exit 1), not a harness
-        // failure.
-        let verdict = match rejudge(scenario, opts, true) {
-            Ok(v) => note(v)?,
-            Err(_) => return Err(e),
-        };
-        if verdict.failed() {
-            eprintln!("plateau: {e}");
-            let out_dir = opts.out_dir.clone();
-            return Ok(RunResult {
-                verdict,
-                out_dir,
-                interrupted: true,
-                iterations,
-                wall_secs,
-                aborts,
-                triggers: Vec::new(),
-            });
-        }
-        return Err(match &target_exit {
-            Some(how) => RunError::Harness(format!("{e}; {how}")),
-            None => e,
-        });
-    }
-    let verdict = note(rejudge(scenario, opts, interrupted)?)?;
-    Ok(RunResult {
-        verdict,
-        out_dir: opts.out_dir.clone(),
-        interrupted,
-        iterations,
-        wall_secs,
-        aborts,
-        triggers: Vec::new(),
-    })
+    run_with(scenario, opts, plan, &mut HttpTarget { runtime, http })
 }

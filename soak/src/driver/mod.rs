@@ -1,0 +1,219 @@
+//! The soak driver: the imperative shell that runs a scenario in real time against a [`Target`]
+//! (plateau's engine or a P/D pair here, `engine.rs`; an HTTP server in `crate::external`), through
+//! one run loop (`run_loop.rs`) with one phase plan (`plan.rs`) and one samples writer
+//! (`sink.rs`). Between engine steps a timer sample is taken every `sample_interval_ms`. Samples go
+//! straight to samples.jsonl through a fixed buffer: the harness keeps no growing state of its own,
+//! so its memory cannot pass for the engine's. The detector then reads the file back.
+
+mod engine;
+pub mod plan;
+mod run_loop;
+pub mod sink;
+pub mod target;
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use plateau_engine::Injections;
+use plateau_reports::Verdict;
+
+use crate::analysis::{judge_file, write_outputs, JudgeOptions};
+use crate::detector::warmup_rule;
+use crate::probes::purge_every;
+use crate::scenario::{parse_duration_secs, PdMode, Scenario};
+pub use engine::{build_engine, build_system, resolve_backend, EngineTarget};
+pub use run_loop::{run_with, RunPlan};
+pub use target::Target;
+
+/// Iterations a duration-bound run may take at most.
+pub const MAX_ITERATIONS: u64 = 100_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// A progress bar (a terminal).
+    Bar,
+    /// Plain lines every few seconds (CI, pipes).
+    Lines,
+    Quiet,
+}
+
+impl Progress {
+    pub fn detect() -> Progress {
+        if std::io::stderr().is_terminal() {
+            Progress::Bar
+        } else {
+            Progress::Lines
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub iterations: Option<u64>,
+    pub duration: Option<String>,
+    /// `--until-decided`: the cap (in iterations) a run undecided at its planned length may be
+    /// extended to.
+    pub until_decided: Option<u64>,
+    pub seed: Option<u64>,
+    pub injections: Injections,
+    pub backend: Option<String>,
+    pub out_dir: PathBuf,
+    pub sample_interval_ms: Option<u64>,
+    pub progress: Progress,
+    pub interrupt: Arc<AtomicBool>,
+    /// The scenario as given (a path or a shipped name): child processes load it again.
+    pub scenario_source: String,
+    /// Run a `[pd]` scenario with a process per role (TCP between them).
+    pub pd_processes: bool,
+    /// `--warmup`: quiescent iterations the trend test skips (default: the scenario's).
+    pub warmup: Option<u64>,
+    /// `--tolerance` (default: the scenario's, else the detector's).
+    pub tolerance: Option<crate::detector::Tolerance>,
+    /// A profiled replay (the child side): activate jemalloc's heap profiler at the first
+    /// quiescent point and dump the live heap there (heap-start.prof) and at the second
+    /// (heap-end.prof), into the output directory.
+    pub profile_window: Option<(u64, u64)>,
+}
+
+/// Why a run could not produce a verdict: bad input (exit 2) or the engine/harness failed (exit 3).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    Input(String),
+    #[error("{0}")]
+    Harness(String),
+}
+
+pub struct RunResult {
+    pub verdict: Verdict,
+    pub out_dir: PathBuf,
+    pub interrupted: bool,
+    pub iterations: u64,
+    pub wall_secs: f64,
+    pub aborts: AbortCounts,
+    /// Each trigger the scenario claims and how often it fired (also in triggers.json).
+    pub triggers: Vec<crate::triggers::TriggerCount>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AbortCounts {
+    pub aborted: u64,
+    /// Targets that ended before reaching the stage they were to be aborted at.
+    pub missed: u64,
+    pub invalid_refused: u64,
+    /// Invalid requests an external target answered 2xx (it took what it should have refused).
+    pub invalid_accepted: u64,
+}
+
+/// How long a run goes: its iteration limit ([`MAX_ITERATIONS`] for a run bound by duration
+/// alone) and its duration, from the options and the scenario.
+pub fn run_length(scenario: &Scenario, opts: &RunOptions) -> Result<(u64, Option<Duration>), RunError> {
+    let iterations = opts.iterations.unwrap_or(scenario.soak.iterations);
+    if iterations == 0 {
+        return Err(RunError::Input("--iterations must be at least 1".into()));
+    }
+    let duration = match opts.duration.as_ref().or(scenario.soak.duration.as_ref()) {
+        Some(d) => Some(Duration::from_secs_f64(
+            parse_duration_secs(d).map_err(|m| RunError::Input(format!("--duration: {m}")))?,
+        )),
+        None => None,
+    };
+    let limit = if duration.is_some() && opts.iterations.is_none() { MAX_ITERATIONS } else { iterations };
+    Ok((limit, duration))
+}
+
+/// The length, warm-up, seed and timer of a run, from the options and the scenario.
+pub fn plan_run(scenario: &Scenario, opts: &RunOptions) -> Result<RunPlan, RunError> {
+    let (limit, duration) = run_length(scenario, opts)?;
+    let known_length = (limit != MAX_ITERATIONS).then_some(limit);
+    let warmup =
+        warmup_rule(opts.warmup, Some(scenario.soak.warmup_iterations), known_length).map_err(RunError::Input)?;
+    let interval_ms = opts.sample_interval_ms.unwrap_or(scenario.soak.sample_interval_ms);
+    Ok(RunPlan {
+        limit,
+        duration,
+        warmup,
+        seed: opts.seed.unwrap_or(scenario.soak.seed),
+        interval: (interval_ms > 0).then(|| Duration::from_millis(interval_ms)),
+    })
+}
+
+/// Runs a soak of plateau's own engine (or P/D pair) and judges it.
+pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError> {
+    let plan = plan_run(scenario, opts)?;
+    let backend = opts.backend.clone().unwrap_or_else(|| scenario.engine.backend.clone());
+    let mut scenario_owned;
+    let scenario = if opts.pd_processes {
+        scenario_owned = scenario.clone();
+        match scenario_owned.pd.as_mut() {
+            Some(pd) => pd.mode = PdMode::Processes,
+            None => return Err(RunError::Input("--pd-processes needs a scenario with a [pd] section".into())),
+        }
+        &scenario_owned
+    } else {
+        scenario
+    };
+    let system = build_system(scenario, &opts.scenario_source, &backend, opts.injections.clone(), plan.seed)?;
+    prepare_out_dir(opts)?;
+    let purge =
+        purge_every(plan.known_length(), plan.warmup, crate::detector::DetectorConfig::default().min_points as u64);
+    let mut target = EngineTarget::new(system, purge);
+    run_with(scenario, opts, plan, &mut target)
+}
+
+/// Creates the output directory and clears what an earlier run left in it.
+pub fn prepare_out_dir(opts: &RunOptions) -> Result<(), RunError> {
+    std::fs::create_dir_all(&opts.out_dir)
+        .map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
+    clear_earlier_run(&opts.out_dir);
+    Ok(())
+}
+
+/// What a run writes beside its samples, read back when the run is judged: left in the directory
+/// by an earlier run, any of them would be read as this run's (an earlier interrupted verdict, an
+/// earlier replay's growth sites).
+const RUN_OUTPUTS: [&str; 11] = [
+    "report.html",
+    "triggers.json",
+    "verdict.json",
+    "mappings.json",
+    "residues.json",
+    "growth.json",
+    "growth.txt",
+    "growth.pb.gz",
+    "growth.svg",
+    "heap-start.prof",
+    "heap-end.prof",
+];
+
+/// Removes what an earlier run left in `dir` (the samples file is truncated by its creation).
+fn clear_earlier_run(dir: &Path) {
+    for name in RUN_OUTPUTS {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    let _ = std::fs::remove_dir_all(dir.join("replay"));
+}
+
+/// Judges a run's samples (and whatever else its directory holds: mappings, residues, growth
+/// sites) and writes verdict.json and the plots.
+pub fn rejudge(scenario: &Scenario, opts: &RunOptions, interrupted: bool) -> Result<Verdict, RunError> {
+    // The warm-up is in the header: a run shorter than it is inconclusive, not an input error.
+    let judge = JudgeOptions {
+        warmup: None,
+        tolerance: opts.tolerance.or_else(|| scenario.soak.tolerance()),
+        tolerance_explicit: opts.tolerance.is_some() || scenario.soak.tolerance.is_some(),
+        incomplete: interrupted,
+    };
+    let (samples, verdict) = judge_file(&opts.out_dir.join("samples.jsonl"), &judge).map_err(RunError::Input)?;
+    write_outputs(&opts.out_dir, &samples, &verdict)
+        .map_err(|e| RunError::Harness(format!("{}: {e}", opts.out_dir.display())))?;
+    Ok(verdict)
+}
+
+pub(crate) fn write_json(path: &Path, v: &impl serde::Serialize) -> Result<(), RunError> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| RunError::Harness(e.to_string()))?;
+    std::fs::write(path, text).map_err(|e| RunError::Harness(format!("{}: {e}", path.display())))
+}

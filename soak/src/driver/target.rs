@@ -1,0 +1,87 @@
+//! What a soak runs against. The run loop (`run_loop.rs`) is one for every target: it writes the
+//! samples header, takes the baseline sample, runs every phase of every iteration, reaches
+//! quiescence, samples, snapshots the mappings, shows progress, goes on until decided and judges.
+//! A target is only what differs: how a phase's requests are sent (into plateau's engine, into a
+//! prefill/decode pair in threads or processes, or over HTTP to someone else's server), how
+//! quiescence is reached, and what is probed.
+//!
+//! Lifecycle of a target in a run: `specs` and `backend` once, for the header; then per iteration
+//! `begin`, `run_phase` for each phase (its requests planned by `plan.rs`, the same for every
+//! target), `quiesce`, and `probe` at the quiescent point (also between engine steps, for timer
+//! samples, where the target has steps); `mappings` at the end of warm-up and at the end; `finish`
+//! once, whether the run ended, was interrupted or failed.
+
+use std::collections::BTreeMap;
+
+use plateau_reports::MetricSpec;
+
+use super::plan::Send;
+use super::sink::Sink;
+use super::{AbortCounts, RunError};
+use crate::scenario::Scenario;
+use crate::triggers::TriggerCount;
+
+/// What one sample holds: values by metric, the probes' cost, and failed idle self-checks.
+#[derive(Debug, Default)]
+pub struct Probe {
+    pub values: BTreeMap<String, f64>,
+    pub cost_us: BTreeMap<String, f64>,
+    pub checks: BTreeMap<String, String>,
+}
+
+/// The sizes a phase plan depends on: the model's vocabulary (for the out-of-vocabulary invalid
+/// request) and the KV pool (for pressure phases).
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub vocab_size: usize,
+    pub pool_tokens: usize,
+    pub max_num_seqs: usize,
+}
+
+/// What a target leaves for the run's outputs once it is done.
+#[derive(Debug, Default)]
+pub struct Finish {
+    /// residues.json (plateau's own engine: where leftover entries were inserted).
+    pub residues: Option<serde_json::Value>,
+    /// Each trigger the scenario claims and how often it fired (triggers.json), where counted.
+    pub triggers: Option<Vec<TriggerCount>>,
+    /// How a target process that ended before the run did ended (exit status, signal, OOM).
+    pub target_exit: Option<String>,
+    /// Quiescent points sampled with requests still in flight at the target.
+    pub settle_timeouts: u64,
+}
+
+pub trait Target {
+    /// The samples header's metrics this target's probes write.
+    fn specs(&mut self) -> BTreeMap<String, MetricSpec>;
+    /// The header's `backend`: `cpu`, `cuda`, or the external server's URL and model.
+    fn backend(&self) -> String;
+    /// The sizes the phase plans need.
+    fn shape(&self) -> Shape;
+    /// Iteration `iter` (1-based) begins.
+    fn begin(&mut self, _iter: u64) {}
+    /// Runs one phase: sends `sends` with their actions (completed, aborted at a stage, expected
+    /// refused) and returns once every one of them ended, or performs a sleep phase as far as the
+    /// target can. Timer samples between engine steps go to `sink`.
+    fn run_phase(
+        &mut self,
+        scenario: &Scenario,
+        iter: u64,
+        index: usize,
+        sends: Vec<Send>,
+        sink: &mut Sink,
+    ) -> Result<(), RunError>;
+    /// Waits until nothing is in flight anywhere in iteration `iter`: the quiescent point.
+    fn quiesce(&mut self, iter: u64, sink: &mut Sink) -> Result<(), RunError>;
+    /// Probes the target: at a quiescent point (`quiescent`) or between steps.
+    fn probe(&mut self, iter: u64, quiescent: bool) -> Result<Probe, RunError>;
+    /// The target process's mappings now, for the mapping snapshot (empty when unknown).
+    fn mappings(&mut self) -> Vec<crate::mappings::Mapping>;
+    /// The progress line's detail: memory and accounting, or the target's address.
+    fn status(&self) -> String;
+    /// Aborts, misses and invalid requests so far.
+    fn counts(&self) -> AbortCounts;
+    /// The run is over (`failed`: it stopped on this error): stop what was started, say what
+    /// the run could not do, hand back what the outputs need.
+    fn finish(&mut self, scenario: &Scenario, failed: Option<&RunError>) -> Finish;
+}

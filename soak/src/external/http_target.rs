@@ -1,0 +1,243 @@
+//! An OpenAI-compatible server as a target: a phase's requests go over HTTP (at most
+//! `concurrency` at once; an abort is a client closing its stream, before the first token or after
+//! some chunks; an invalid request expects a 4xx); the quiescent point is every request answered
+//! and the server's in-flight gauges at zero (or the settle timeout, counted); a probe scrapes its
+//! /metrics, reads its process tree and GPU memory per process, and records plateau's own memory,
+//! observed only. Sleep phases (an engine call with no HTTP equivalent) are skipped and counted.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use futures_util::stream::{self, StreamExt};
+use plateau_reports::MetricSpec;
+
+use super::client::{Action, Client, Outcome};
+use super::mapping::{self, Mapping};
+use super::REQUESTS;
+use super::{client_err, death, fetch_metrics, gpu, is_page_level, target, tree, ExternalOptions, POLL};
+use crate::driver::plan::{self, Send};
+use crate::driver::sink::Sink;
+use crate::driver::target::{Finish, Probe, Shape, Target};
+use crate::driver::{AbortCounts, RunError};
+use crate::scenario::{Phase, Scenario, Stage};
+
+/// The target: its runtime (current-thread, so only `Runtime::block_on` drives its IO and
+/// timers) beside the state its futures borrow.
+pub(super) struct HttpTarget<'a> {
+    pub runtime: tokio::runtime::Runtime,
+    pub http: Http<'a>,
+}
+
+pub(super) struct Http<'a> {
+    pub client: Client,
+    pub mapping: Mapping,
+    /// Whether the target has a /metrics.
+    pub scrapes: bool,
+    pub tree: Option<tree::Tree>,
+    pub target: Option<target::Target>,
+    pub oom: Option<death::OomWatch>,
+    pub gpu: Option<gpu::GpuProbe>,
+    pub declared: BTreeMap<String, MetricSpec>,
+    pub requests_sent: u64,
+    pub settle_timeouts: u64,
+    pub skipped_sleeps: u64,
+    pub aborts: AbortCounts,
+    pub ext: &'a ExternalOptions,
+    pub own: crate::probes::ProcessProbes,
+    /// The target's mappings at the last quiescent point: what the end snapshot shows if the
+    /// target is gone by then.
+    pub last_mappings: Vec<crate::mappings::Mapping>,
+    /// The scenario's engine section stands for the server's in phase plans: its vocabulary (for
+    /// the out-of-vocabulary request) and its pool (for pressure phases).
+    pub shape: Shape,
+}
+
+impl Http<'_> {
+    async fn scrape(&self) -> Result<Option<mapping::Scraped>, RunError> {
+        if !self.scrapes {
+            return Ok(None);
+        }
+        let url = format!("{}/metrics", self.client.base());
+        let text = fetch_metrics(&url).await?;
+        let text = text.ok_or_else(|| RunError::Harness(format!("GET {url}: gone mid-run")))?;
+        let samples = mapping::parse_text(&text, &format!("GET {url}")).map_err(RunError::Harness)?;
+        Ok(Some(self.mapping.apply(&samples)))
+    }
+
+    fn check_alive(&mut self, iter: u64) -> Result<(), RunError> {
+        let Some(t) = &mut self.target else { return Ok(()) };
+        if t.alive() {
+            return Ok(());
+        }
+        let how = t.exit_status().map(|s| format!(" ({s})")).unwrap_or_default();
+        Err(RunError::Harness(format!("the target process {} exited at iteration {}{how}", t.pid, iter + 1)))
+    }
+
+    /// Waits for every in-flight gauge to read zero, at most the settle timeout.
+    async fn settle(&mut self) -> Result<(), RunError> {
+        let t0 = Instant::now();
+        loop {
+            match self.scrape().await? {
+                Some(s) if s.in_flight.is_some_and(|n| n > 0.0) => {}
+                _ => return Ok(()),
+            }
+            if t0.elapsed() >= self.ext.settle_timeout {
+                self.settle_timeouts += 1;
+                return Ok(());
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn sample(&mut self, iter: u64) -> Result<Probe, RunError> {
+        self.check_alive(iter)?;
+        let mut p = Probe::default();
+        // The scrape first: a server that settles its allocator when scraped idle (plateau serve)
+        // has done so before its process is read.
+        let t0 = Instant::now();
+        // A server that says whether its allocator holds freed pages (plateau serve) has its
+        // page-level levels recorded only where it does not: there they mean live memory.
+        let mut unsettled = false;
+        if let Some(s) = self.scrape().await? {
+            unsettled = s.settled == Some(false);
+            p.values.extend(s.values);
+        }
+        let t1 = Instant::now();
+        p.cost_us.insert("scrape".into(), (t1 - t0).as_secs_f64() * 1e6);
+        if let Some(tree) = &self.tree {
+            let pids = tree.sample(&mut p.values);
+            if let Some(g) = &self.gpu {
+                g.sample(&pids, &mut p.values);
+            }
+            self.last_mappings =
+                procfs::process::Process::new(tree.root()).map(|p| crate::mappings::of_process(&p)).unwrap_or_default();
+        }
+        p.cost_us.insert("target_proc".into(), t1.elapsed().as_secs_f64() * 1e6);
+        if unsettled {
+            p.values.retain(|k, _| !is_page_level(k));
+        }
+        let mut own = BTreeMap::new();
+        self.own.sample("plateau.", crate::probes::Settle::Flush, &mut own, &mut BTreeMap::new());
+        if let Some(proc) = self.own.process() {
+            crate::probes::read_proc(proc, "plateau.", &mut own);
+        }
+        p.values.extend(own);
+        p.values.insert(REQUESTS.into(), self.requests_sent as f64);
+        p.values.retain(|k, _| self.declared.contains_key(k));
+        Ok(p)
+    }
+
+    /// Sends a phase's requests and waits for all of them. The first failure stops the phase:
+    /// requests not yet sent are never sent to a failing server, and those in flight are closed.
+    async fn send_all(&mut self, sends: Vec<Send>) -> Result<(), RunError> {
+        let sends: Vec<(plateau_engine::Request, Action)> =
+            sends.into_iter().map(|s| (s.request, client_action(s.action))).collect();
+        self.requests_sent += sends.len() as u64;
+        let client = &self.client;
+        let mut results =
+            stream::iter(sends.iter()).map(|(r, a)| client.send(r, *a)).buffer_unordered(self.ext.concurrency.max(1));
+        while let Some(r) = results.next().await {
+            match r.map_err(client_err)? {
+                Outcome::Completed { .. } => {}
+                Outcome::Aborted => self.aborts.aborted += 1,
+                Outcome::EndedFirst => self.aborts.missed += 1,
+                Outcome::Refused => self.aborts.invalid_refused += 1,
+                Outcome::Accepted => self.aborts.invalid_accepted += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A planned action as a client performs it: an abort during decoding closes the stream after
+/// some chunks, one before closes the connection before the first token.
+fn client_action(a: plan::Action) -> Action {
+    match a {
+        plan::Action::Complete => Action::Complete,
+        plan::Action::Abort { stage: Stage::Decode | Stage::Preempted | Stage::Any, delay } => {
+            Action::CloseAfterChunks(1 + delay as u32)
+        }
+        plan::Action::Abort { delay, .. } => Action::CloseBeforeFirstToken { after_ms: 1 + delay },
+        plan::Action::Refuse { what } => Action::ExpectRefusal { as_tokens: what.contains("vocabulary") },
+    }
+}
+
+impl Target for HttpTarget<'_> {
+    fn specs(&mut self) -> BTreeMap<String, MetricSpec> {
+        self.http.declared.clone()
+    }
+
+    fn backend(&self) -> String {
+        format!("external {} ({})", self.http.client.base(), self.http.client.model())
+    }
+
+    fn shape(&self) -> Shape {
+        self.http.shape
+    }
+
+    fn run_phase(
+        &mut self,
+        scenario: &Scenario,
+        _iter: u64,
+        index: usize,
+        sends: Vec<Send>,
+        _sink: &mut Sink,
+    ) -> Result<(), RunError> {
+        if let Phase::Sleep(_) = scenario.phases[index] {
+            self.http.skipped_sleeps += 1;
+            return Ok(());
+        }
+        self.runtime.block_on(self.http.send_all(sends))
+    }
+
+    fn quiesce(&mut self, _iter: u64, _sink: &mut Sink) -> Result<(), RunError> {
+        self.runtime.block_on(self.http.settle())
+    }
+
+    fn probe(&mut self, iter: u64, _quiescent: bool) -> Result<Probe, RunError> {
+        self.runtime.block_on(self.http.sample(iter))
+    }
+
+    fn mappings(&mut self) -> Vec<crate::mappings::Mapping> {
+        self.http.last_mappings.clone()
+    }
+
+    fn status(&self) -> String {
+        format!("target {}", self.http.client.base())
+    }
+
+    fn counts(&self) -> AbortCounts {
+        self.http.aborts
+    }
+
+    fn finish(&mut self, _scenario: &Scenario, failed: Option<&RunError>) -> Finish {
+        // A target that ended before the run did: how, before anything else touches it.
+        let target_exit = match (failed, self.http.target.as_mut(), &self.http.oom) {
+            (Some(_), Some(t), Some(w)) => (!t.alive()).then(|| w.describe(t.exit_status())),
+            _ => None,
+        };
+        if let Some(t) = &mut self.http.target {
+            t.stop();
+        }
+        if self.http.settle_timeouts > 0 {
+            eprintln!(
+                "plateau: {} quiescent points were sampled with requests still in flight at the target (settle timeout {} ms)",
+                self.http.settle_timeouts,
+                self.http.ext.settle_timeout.as_millis()
+            );
+        }
+        if self.http.skipped_sleeps > 0 {
+            eprintln!(
+                "plateau: {} sleep phases skipped: an external target has no sleep/wake over the API",
+                self.http.skipped_sleeps
+            );
+        }
+        if let Some(t) = &self.http.tree {
+            let roles = t.roles();
+            if !roles.is_empty() {
+                eprintln!("plateau: target processes: {}", roles.join(", "));
+            }
+        }
+        Finish { target_exit, settle_timeouts: self.http.settle_timeouts, ..Finish::default() }
+    }
+}
