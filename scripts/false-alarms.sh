@@ -10,7 +10,7 @@ first=${1:-1}; last=${2:-20}; long=${3:-2000}
 plateau=target/release/plateau
 [ -x "$plateau" ] || { echo "build first: cargo build --release -p plateau-soak" >&2; exit 2; }
 out=$(mktemp -d)
-scenarios=${SCENARIOS:-"n-sampling aborts rl-rollout prefill-only mixed multimodal-repeat pd-transfer cache-churn"}
+scenarios=${SCENARIOS:-"n-sampling aborts rl-rollout prefill-only mixed multimodal-repeat pd-transfer"}
 jobs=()
 for seed in $(seq "$first" "$last"); do for s in $scenarios; do jobs+=("$s $seed"); done; done
 run_one() {

@@ -10,16 +10,7 @@ use std::sync::Mutex;
 
 #[test]
 fn clean_scenarios_pass_for_4_seeds() {
-    let scenarios = [
-        "n-sampling",
-        "aborts",
-        "rl-rollout",
-        "prefill-only",
-        "mixed",
-        "multimodal-repeat",
-        "pd-transfer",
-        "cache-churn",
-    ];
+    let scenarios = ["n-sampling", "aborts", "rl-rollout", "prefill-only", "mixed", "multimodal-repeat", "pd-transfer"];
     let jobs: Vec<(&str, u64)> = scenarios.iter().flat_map(|s| (100..104).map(move |seed| (*s, seed))).collect();
     let next = AtomicUsize::new(0);
     let failures = Mutex::new(Vec::new());

@@ -26,7 +26,7 @@ pub use sections::{EngineSection, PdMode, PdSection, SoakSection};
 pub use validate::{MAX_REQUESTS_PER_PHASE, MAX_SEQUENCE_TOKENS, MAX_TEMPLATE_WIDTH};
 /// The scenarios shipped with plateau, embedded so that `plateau run NAME` and `plateau selftest`
 /// work from any directory.
-pub const SHIPPED: [(&str, &str); 8] = [
+pub const SHIPPED: [(&str, &str); 7] = [
     ("pd-transfer", include_str!("../../../scenarios/pd-transfer.toml")),
     ("multimodal-repeat", include_str!("../../../scenarios/multimodal-repeat.toml")),
     ("n-sampling", include_str!("../../../scenarios/n-sampling.toml")),
@@ -34,7 +34,6 @@ pub const SHIPPED: [(&str, &str); 8] = [
     ("rl-rollout", include_str!("../../../scenarios/rl-rollout.toml")),
     ("prefill-only", include_str!("../../../scenarios/prefill-only.toml")),
     ("mixed", include_str!("../../../scenarios/mixed.toml")),
-    ("cache-churn", include_str!("../../../scenarios/cache-churn.toml")),
 ];
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
