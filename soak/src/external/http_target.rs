@@ -162,6 +162,24 @@ fn client_action(a: plan::Action) -> Action {
     }
 }
 
+/// How long a run that failed waits for its target process to be seen dead: the time between a
+/// killed process closing its sockets and becoming a zombie, generously, on a loaded machine.
+const DEATH_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Whether `t` has ended, or ends within `grace` (polled every 10 ms).
+fn ended_within(t: &mut target::Target, grace: std::time::Duration) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if !t.alive() {
+            return true;
+        }
+        if t0.elapsed() >= grace {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 impl Target for HttpTarget<'_> {
     fn specs(&mut self) -> BTreeMap<String, MetricSpec> {
         self.http.declared.clone()
@@ -211,9 +229,11 @@ impl Target for HttpTarget<'_> {
     }
 
     fn finish(&mut self, _scenario: &Scenario, failed: Option<&RunError>) -> Finish {
-        // A target that ended before the run did: how, before anything else touches it.
+        // A target that ended before the run did: how, before anything else touches it. A
+        // process killed by a signal closes its sockets before it is reaped, so a run that failed
+        // on a reset connection may look at it a moment too early: it is given that moment.
         let target_exit = match (failed, self.http.target.as_mut(), &self.http.oom) {
-            (Some(_), Some(t), Some(w)) => (!t.alive()).then(|| w.describe(t.exit_status())),
+            (Some(_), Some(t), Some(w)) => ended_within(t, DEATH_GRACE).then(|| w.describe(t.exit_status())),
             _ => None,
         };
         if let Some(t) = &mut self.http.target {
