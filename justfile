@@ -28,7 +28,7 @@ selftest:
 
 # The nightly job: every shipped scenario at full length, then the full selftest.
 nightly:
-    for s in n-sampling aborts rl-rollout prefill-only mixed; do cargo run --release -p plateau-soak -- run $s || exit $?; done
+    for s in n-sampling aborts rl-rollout prefill-only mixed multimodal-repeat pd-transfer; do cargo run --release -p plateau-soak -- run $s --until-decided || exit $?; done
     cargo run --release -p plateau-soak -- selftest
 
 # The simulation (its own cfg and target folder): just sim sweep --seeds 0..1000 --faults heavy

@@ -2,12 +2,13 @@
 # False alarms of the detector on this engine: every shipped scenario at its full default length,
 # for seeds FIRST..LAST (default 1..20), two runs at a time (JOBS=N to change; SCENARIOS="a b" for some),
 # then one long `mixed` run.
-#   scripts/false-alarms.sh [FIRST] [LAST] [LONG_ITERATIONS]     (build first: cargo build --release)
+#   scripts/false-alarms.sh [FIRST] [LAST] [LONG_ITERATIONS]     (build first: cargo build --release;
+#   PLATEAU=path/to/plateau to use another binary)
 # Prints one line per run that did not pass, then a summary; exits 1 if any clean run failed.
 set -u
 cd "$(dirname "$0")/.."
 first=${1:-1}; last=${2:-20}; long=${3:-2000}
-plateau=target/release/plateau
+plateau=${PLATEAU:-target/release/plateau}
 [ -x "$plateau" ] || { echo "build first: cargo build --release -p plateau-soak" >&2; exit 2; }
 out=$(mktemp -d)
 scenarios=${SCENARIOS:-"n-sampling aborts rl-rollout prefill-only mixed multimodal-repeat pd-transfer"}

@@ -1,17 +1,23 @@
-//! Clean scenarios pass for 4 different seeds each, at each scenario's default length (where the
-//! detector's promise is made; at 100 iterations the allocator's page count in `mixed` can still
-//! be settling), so the detector's false-alarm rate on this engine is measured in every CI run,
-//! not assumed, and every trigger each scenario claims fires at least 10 times in each run. (The
-//! issue-level sweep, 20 seeds each, is `scripts/false-alarms.sh`.)
+//! Clean scenarios pass at each scenario's default length (where the detector's promise is made;
+//! at 100 iterations the allocator's page count in `mixed` can still be settling), for
+//! `PLATEAU_SEEDS` seeds each from seed 100 (default 1: the README's test command and CI), and
+//! every trigger each scenario claims fires at least 10 times in each run. The false-alarm sweep,
+//! seeds 1..20 with two soaks side by side, is `scripts/false-alarms.sh`, run every night by the
+//! nightly workflow.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 #[test]
-fn clean_scenarios_pass_for_4_seeds() {
+fn clean_scenarios_pass_at_their_default_length() {
     let scenarios = ["n-sampling", "aborts", "rl-rollout", "prefill-only", "mixed", "multimodal-repeat", "pd-transfer"];
-    let jobs: Vec<(&str, u64)> = scenarios.iter().flat_map(|s| (100..104).map(move |seed| (*s, seed))).collect();
+    let seeds: u64 = match std::env::var("PLATEAU_SEEDS") {
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("PLATEAU_SEEDS={v}: give a number of seeds")),
+        Err(_) => 1,
+    };
+    let jobs: Vec<(&str, u64)> =
+        scenarios.iter().flat_map(|s| (100..100 + seeds).map(move |seed| (*s, seed))).collect();
     let next = AtomicUsize::new(0);
     let failures = Mutex::new(Vec::new());
     let root = std::env::temp_dir().join(format!("plateau-seeds-{}", std::process::id()));
