@@ -110,14 +110,24 @@ pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<
     Ok(PixelTensor { width: w, height: h, values, hash })
 }
 
-/// Bilinear (triangle-filter) resampling through `fast_image_resize` (SIMD; no threads).
+/// Bilinear (triangle-filter) resampling through `fast_image_resize` (SIMD; no threads), typed
+/// to RGB bytes: its untyped `resize` instantiates every pixel type it knows, which made three
+/// quarters of this crate's machine code and most of its build time.
 fn resize(rgb: RgbImage, w: u32, h: u32) -> Result<Vec<u8>, String> {
-    use fast_image_resize::{images::Image, FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+    use fast_image_resize::{
+        images::Image, pixels::U8x3, FilterType, IntoImageView, IntoImageViewMut, PixelType, ResizeAlg, ResizeOptions,
+        Resizer,
+    };
     let (sw, sh) = rgb.dimensions();
     let src = Image::from_vec_u8(sw, sh, rgb.into_raw(), PixelType::U8x3).map_err(|e| format!("resize: {e}"))?;
     let mut dst = Image::new(w, h, PixelType::U8x3);
     let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
-    Resizer::new().resize(&src, &mut dst, &options).map_err(|e| format!("resize: {e}"))?;
+    {
+        let (Some(src_view), Some(mut dst_view)) = (src.image_view::<U8x3>(), dst.image_view_mut::<U8x3>()) else {
+            return Err("resize: the image is not 8-bit RGB".to_string());
+        };
+        Resizer::new().resize_typed(&src_view, &mut dst_view, &options).map_err(|e| format!("resize: {e}"))?;
+    }
     Ok(dst.into_vec())
 }
 
