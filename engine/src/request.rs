@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::block_pool::BlockId;
+
 pub type RequestId = u64;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,6 +77,21 @@ pub struct SeqOutput {
     pub finish: FinishReason,
 }
 
+/// What the decode side of a prefill/decode pair needs to pull a request's KV from the prefill
+/// side (`crate::pd` says how a transfer lives); a prefill engine's output carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferParams {
+    pub engine_id: u32,
+    pub request_id: RequestId,
+    pub handle: u64,
+    /// The prefill side's blocks, in order.
+    pub block_ids: Vec<BlockId>,
+    /// Prompt tokens whose KV the blocks hold.
+    pub num_tokens: usize,
+    /// The token the prefill side sampled.
+    pub first_token: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestOutput {
     pub id: RequestId,
@@ -87,7 +104,7 @@ pub struct RequestOutput {
     /// A reason when `finish` is Error.
     pub error: Option<String>,
     /// Prefill side of a disaggregated pair: where the decode side pulls this request's KV.
-    pub transfer: Option<crate::pd::TransferParams>,
+    pub transfer: Option<TransferParams>,
 }
 
 impl RequestOutput {

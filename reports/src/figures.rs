@@ -20,14 +20,21 @@ pub struct MetricFigures {
     pub slope_per_iter: Option<f64>,
 }
 
-/// The median of `v` (NaN-free by construction: samples hold finite numbers).
+/// The median of `v`, None when it is empty; reorders `v` (a selection, not a sort). Samples hold
+/// finite numbers, so no NaN decides an order.
 pub fn median(v: &mut [f64]) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+    let m = v.len() / 2;
+    let (_, &mut upper, _) = v.select_nth_unstable_by(m, f64::total_cmp);
+    Some(if v.len() % 2 == 1 {
+        upper
+    } else {
+        // The lower middle is the largest value left of `m` after the selection.
+        let lower = v[..m].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lower + upper) / 2.0
+    })
 }
 
 /// The end level of a quiescent series: see [`MetricFigures::level`].
@@ -91,16 +98,19 @@ pub fn report_rank(status: Option<Status>) -> u8 {
     }
 }
 
-/// A byte or count value with a unit a person reads (`2.0 KiB`, `41`).
+/// A byte or count value with a unit a person reads, with the precision a verdict's small rates
+/// need (`45.78 MiB`, `2.0 KiB`, `26 B`, `0.04 B`; counts `41`, `0.125`): one format for verdicts,
+/// reports, plots and history alike.
 pub fn fmt_value(v: f64, unit: &str) -> String {
+    let a = v.abs();
     if unit != "bytes" {
-        return if v.fract() == 0.0 && v.abs() < 1e15 { format!("{v:.0}") } else { format!("{v:.2}") };
+        return if a >= 10.0 || v.fract() == 0.0 { format!("{v:.0}") } else { format!("{v:.3}") };
     }
-    let (div, suffix) = byte_scale(v.abs());
-    if div == 1.0 {
-        format!("{v:.0} B")
-    } else {
-        format!("{:.1} {suffix}", v / div)
+    match byte_scale(a) {
+        (_, "B") if a >= 10.0 || a == 0.0 => format!("{v:.0} B"),
+        (_, "B") => format!("{v:.2} B"),
+        (div, "KiB") => format!("{:.1} KiB", v / div),
+        (div, suffix) => format!("{:.2} {suffix}", v / div),
     }
 }
 
@@ -137,10 +147,21 @@ mod tests {
     }
 
     #[test]
+    fn the_median_selects_the_middle_of_odd_and_even_series() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&mut []), None);
+    }
+
+    #[test]
     fn values_read_in_their_unit() {
         assert_eq!(fmt_value(2048.0, "bytes"), "2.0 KiB");
         assert_eq!(fmt_value(512.0, "bytes"), "512 B");
-        assert_eq!(fmt_value(3.0 * 1024.0 * 1024.0, "bytes"), "3.0 MiB");
+        assert_eq!(fmt_value(3.0 * 1024.0 * 1024.0, "bytes"), "3.00 MiB");
+        assert_eq!(fmt_value(0.04, "bytes"), "0.04 B");
+        assert_eq!(fmt_value(0.0, "bytes"), "0 B");
         assert_eq!(fmt_value(41.0, "count"), "41");
+        assert_eq!(fmt_value(3.0, "count"), "3");
+        assert_eq!(fmt_value(0.125, "count"), "0.125");
     }
 }

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use plateau_detector::{analyze, warmup_rule, DetectorConfig};
-use plateau_engine::Metric;
+use plateau_engine::{FinishReason, Metric};
 use plateau_reports::{Header, Kind, Row, Samples, SAMPLES_SCHEMA};
 use plateau_scenario::spec_of;
 
@@ -19,6 +19,14 @@ pub struct Violation {
     pub node: String,
     pub t_ms: u64,
     pub detail: String,
+}
+
+/// What the client sees of each request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Finished(FinishReason),
+    Aborted,
+    Failed(String),
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,9 +56,8 @@ impl RunReport {
         seed: u64,
         trace: &mut Trace,
         sim_ms: u64,
-        outcomes: impl Iterator<Item = &'a crate::cluster::Outcome>,
+        outcomes: impl Iterator<Item = &'a Outcome>,
     ) -> RunReport {
-        use crate::cluster::Outcome;
         let mut requests = OutcomeCounts::default();
         for o in outcomes {
             match o {

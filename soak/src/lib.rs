@@ -32,6 +32,7 @@ pub mod driver;
 pub mod environment;
 pub mod explain;
 pub mod external;
+pub mod fsutil;
 pub mod heapprof;
 pub mod history;
 pub mod mappings;

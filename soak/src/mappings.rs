@@ -233,7 +233,7 @@ pub fn name_grown(snap: &Snapshots, v: &mut Verdict) {
     let sites: Vec<Site> = own
         .iter()
         .map(|a| Site {
-            function: crate::analysis::source_function(&a.file, a.line),
+            function: crate::fsutil::source_function(&a.file, a.line),
             file: a.file.clone(),
             line: a.line,
             bytes_per_iter: Some(a.bytes as f64 / iters),

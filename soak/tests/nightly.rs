@@ -110,7 +110,7 @@ fn history_keeps_nights_shows_their_trend_and_checks_the_latest() {
     assert!(text(&o).contains("REGRESSION soak: heap.bytes level"), "{}", text(&o));
     let o = plateau(&["history", "show", "--db", s(&db), "--metric", "heap.bytes"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert!(text(&o).contains("### soak: 5 nights") && text(&o).contains("1.4 MiB"), "{}", text(&o));
+    assert!(text(&o).contains("### soak: 5 nights") && text(&o).contains("1.43 MiB"), "{}", text(&o));
     let page = std::fs::read_to_string(root.join("h.html")).expect("history page beside the database");
     assert!(page.contains("<polyline") && !page.contains("<script"));
     let o = plateau(&["history", "show", "--db", s(&db), "--scenario", "nope"]);

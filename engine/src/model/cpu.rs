@@ -8,6 +8,7 @@ use crate::error::{EngineError, Result};
 use crate::inject::Injections;
 use crate::model::backend::{Backend, BackendMemory, ForwardBatch};
 use crate::model::config::ModelConfig;
+use crate::model::layers::{dot, linear, rms_norm, rope};
 use crate::model::weights::ModelWeights;
 
 /// The KV cache: per layer, K and V for `num_blocks * block_size` slots of `kv_dim` floats.
@@ -42,80 +43,6 @@ impl CpuBackend {
         let inv_freq = (0..hd / 2).map(|i| 1.0 / config.rope_theta.powf((2 * i) as f32 / hd as f32)).collect();
         Ok(CpuBackend { config, weights: Some(weights), kv: None, kept_kv: Vec::new(), injections, inv_freq })
     }
-}
-
-/// y[t, out] = x[t, in] · w[out, in]^T
-pub fn linear(x: &[f32], w: &[f32], t: usize, inp: usize, out: usize) -> Vec<f32> {
-    assert_eq!(x.len(), t * inp);
-    assert_eq!(w.len(), out * inp);
-    let mut y = vec![0.0f32; t * out];
-    if t == 0 {
-        return y;
-    }
-    // SAFETY: the slices hold exactly t*inp, out*inp and t*out floats, and the strides below stay
-    // inside them (asserted above).
-    unsafe {
-        matrixmultiply::sgemm(
-            t,
-            inp,
-            out,
-            1.0,
-            x.as_ptr(),
-            inp as isize,
-            1,
-            w.as_ptr(),
-            1,
-            inp as isize,
-            0.0,
-            y.as_mut_ptr(),
-            out as isize,
-            1,
-        );
-    }
-    y
-}
-
-pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let h = w.len();
-    let mut out = vec![0.0; x.len()];
-    for (row, o) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / h as f32;
-        let r = 1.0 / (ms + eps).sqrt();
-        for i in 0..h {
-            o[i] = row[i] * r * w[i];
-        }
-    }
-    out
-}
-
-/// Rotary embedding, rotate-half convention (Hugging Face Llama), in place on `heads` heads per row.
-fn rope(x: &mut [f32], positions: &[usize], heads: usize, hd: usize, inv_freq: &[f32]) {
-    let half = hd / 2;
-    for (row, &pos) in x.chunks_exact_mut(heads * hd).zip(positions) {
-        for i in 0..half {
-            let angle = pos as f32 * inv_freq[i];
-            let (sin, cos) = angle.sin_cos();
-            for head in row.chunks_exact_mut(hd) {
-                let (a, b) = (head[i], head[i + half]);
-                head[i] = a * cos - b * sin;
-                head[i + half] = b * cos + a * sin;
-            }
-        }
-    }
-}
-
-/// Dot product with eight independent accumulators (vectorisable, and the same order every time).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
 }
 
 fn slot(table: &[BlockId], pos: usize, block_size: usize) -> usize {

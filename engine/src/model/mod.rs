@@ -5,5 +5,6 @@ pub mod config;
 pub mod cpu;
 pub mod cuda;
 pub mod factory;
+pub mod layers;
 pub mod vision;
 pub mod weights;

@@ -6,7 +6,7 @@
 //! consecutive), so merging is a reshape.
 
 use crate::model::config::{ModelConfig, VisionConfig};
-use crate::model::cpu::{linear, rms_norm};
+use crate::model::layers::{linear, rms_norm};
 use crate::model::weights::ModelWeights;
 use crate::multimodal::image::PixelTensor;
 

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::block_pool::BlockId;
 use crate::request::RequestId;
+pub use crate::request::TransferParams;
 
 mod connector;
 
@@ -32,20 +33,6 @@ pub enum Role {
     Monolithic,
     Prefill,
     Decode,
-}
-
-/// What the decode side needs to pull a request's KV from the prefill side.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TransferParams {
-    pub engine_id: u32,
-    pub request_id: RequestId,
-    pub handle: u64,
-    /// The prefill side's blocks, in order.
-    pub block_ids: Vec<BlockId>,
-    /// Prompt tokens whose KV the blocks hold.
-    pub num_tokens: usize,
-    /// The token the prefill side sampled.
-    pub first_token: u32,
 }
 
 /// A transfer for the shell's transport: remote blocks into local blocks.

@@ -36,7 +36,7 @@ use crate::hash_model::HashBackend;
 use crate::heap;
 use crate::plan::{IterationPlan, CLIENTS};
 use crate::regions::Regions;
-use crate::report::{RunReport, Violation};
+use crate::report::{Outcome, RunReport, Violation};
 use crate::spec::{ModelKind, RunSpec};
 use crate::trace::Trace;
 
@@ -160,14 +160,6 @@ struct Pending {
     node: usize,
     deadline_ms: u64,
     abort_requested: bool,
-}
-
-/// What the client sees of each request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    Finished(FinishReason),
-    Aborted,
-    Failed(String),
 }
 
 struct RouterState {

@@ -20,6 +20,7 @@
 //! Every judged gauge also gets its resolution: the smallest steady rate that, added to this very
 //! series, fails it. It is found by trying, so it accounts for everything above, noise included.
 
+pub use plateau_reports::figures::fmt_value;
 use plateau_reports::Status;
 
 use super::stats::{best_split, mad_scale, mann_kendall, median, theil_sen, MannKendall};
@@ -77,27 +78,6 @@ pub struct Series<'a> {
     pub unit: &'a str,
     pub quantum: f64,
     pub tolerance_per_iter: f64,
-}
-
-pub fn fmt_value(v: f64, unit: &str) -> String {
-    if unit == "bytes" {
-        let a = v.abs();
-        if a >= 1024.0 * 1024.0 * 1024.0 {
-            format!("{:.2} GiB", v / 1024.0 / 1024.0 / 1024.0)
-        } else if a >= 1024.0 * 1024.0 {
-            format!("{:.2} MiB", v / 1024.0 / 1024.0)
-        } else if a >= 1024.0 {
-            format!("{:.1} KiB", v / 1024.0)
-        } else if a >= 10.0 || a == 0.0 {
-            format!("{v:.0} B")
-        } else {
-            format!("{v:.2} B")
-        }
-    } else if v.abs() >= 10.0 || v == 0.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.3}")
-    }
 }
 
 /// Judges a series with at least `cfg.min_points` points (the caller says inconclusive below).

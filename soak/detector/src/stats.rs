@@ -12,18 +12,9 @@ fn thin(n: usize) -> Vec<usize> {
     (0..MAX_POINTS).map(|k| k * (n - 1) / (MAX_POINTS - 1)).collect()
 }
 
-/// The median; reorders `v`.
+/// The median of a series that is never empty here; reorders `v`.
 pub fn median(v: &mut [f64]) -> f64 {
-    assert!(!v.is_empty());
-    let m = v.len() / 2;
-    let (_, &mut upper, _) = v.select_nth_unstable_by(m, f64::total_cmp);
-    if v.len() % 2 == 1 {
-        upper
-    } else {
-        // The lower middle is the largest value left of `m` after the selection.
-        let lower = v[..m].iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        (lower + upper) / 2.0
-    }
+    plateau_reports::figures::median(v).expect("the median of an empty series")
 }
 
 /// Robust scale: 1.4826 x the median absolute deviation from the median (the standard deviation

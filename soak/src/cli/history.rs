@@ -117,7 +117,7 @@ fn history(cmd: HistoryCmd) -> u8 {
             match out {
                 Ok((md, h)) => {
                     print!("{md}");
-                    if let Err(e) = plateau_soak::analysis::write_atomic(&page, h.as_bytes()) {
+                    if let Err(e) = plateau_soak::fsutil::write_atomic(&page, h.as_bytes()) {
                         eprintln!("plateau: history: --html {}: {e}", page.display());
                         return USAGE;
                     }

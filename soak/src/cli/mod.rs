@@ -55,7 +55,7 @@ impl CiArgs {
 
     fn write_texts(&self, md: impl Fn() -> String, xml: impl Fn() -> Result<String, String>) -> Result<(), u8> {
         let write = |path: &Path, text: &str| {
-            plateau_soak::analysis::write_atomic(path, text.as_bytes()).map_err(|e| {
+            plateau_soak::fsutil::write_atomic(path, text.as_bytes()).map_err(|e| {
                 eprintln!("plateau: {}: {e}", path.display());
                 USAGE
             })

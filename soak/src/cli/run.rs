@@ -177,7 +177,7 @@ pub fn main(a: Args) -> u8 {
         let env = plateau_soak::environment::collect(&s, &id);
         let text = serde_json::to_string_pretty(&env).unwrap_or_default() + "\n";
         if let Err(e) = std::fs::create_dir_all(&out_dir)
-            .and_then(|_| plateau_soak::analysis::write_atomic(&out_dir.join("environment.json"), text.as_bytes()))
+            .and_then(|_| plateau_soak::fsutil::write_atomic(&out_dir.join("environment.json"), text.as_bytes()))
         {
             eprintln!("plateau: --out {}: {e}", out_dir.display());
             return USAGE;

@@ -150,7 +150,7 @@ pub struct GrowthRecord {
 pub fn write_files(dir: &Path, g: &Growth, requests_per_iter: Option<f64>, command: &str) -> Result<(), String> {
     let io = |p: &str, e: std::io::Error| format!("{}: {e}", dir.join(p).display());
     let txt = growth_text(g, requests_per_iter, command);
-    crate::analysis::write_atomic(&dir.join("growth.txt"), txt.as_bytes()).map_err(|e| io("growth.txt", e))?;
+    crate::fsutil::write_atomic(&dir.join("growth.txt"), txt.as_bytes()).map_err(|e| io("growth.txt", e))?;
     // The allocator's and the profiler's own frames (innermost) would take every byte's `flat`
     // share in pprof: each stack starts at its first frame past them.
     let stacks: Vec<pprof::Stack> = g
@@ -175,7 +175,7 @@ pub fn write_files(dir: &Path, g: &Growth, requests_per_iter: Option<f64>, comma
     let profile = pprof::profile(&stacks, &g.binary, &comment);
     pprof::write(&dir.join("growth.pb.gz"), &profile).map_err(|e| io("growth.pb.gz", e))?;
     let svg = flamegraph(g).map_err(|e| io("growth.svg", e))?;
-    crate::analysis::write_atomic(&dir.join("growth.svg"), &svg).map_err(|e| io("growth.svg", e))
+    crate::fsutil::write_atomic(&dir.join("growth.svg"), &svg).map_err(|e| io("growth.svg", e))
 }
 
 fn fmt_bytes(v: f64) -> String {

@@ -100,7 +100,7 @@ impl ReplaySpec<'_> {
             sites: g.verdict_sites(self.requests_per_iter, 5),
         };
         let json = serde_json::to_vec_pretty(&record).map_err(|e| e.to_string())?;
-        crate::analysis::write_atomic(&self.run_dir.join("growth.json"), &json)
+        crate::fsutil::write_atomic(&self.run_dir.join("growth.json"), &json)
             .map_err(|e| format!("{}: {e}", self.run_dir.join("growth.json").display()))?;
         Ok(record)
     }
