@@ -5,9 +5,17 @@
 
 use plateau_engine::Request;
 
-use super::target::Shape;
 use crate::scenario::{Abort, Phase, Stage};
 use crate::workload::{rng_for, Workload};
+
+/// The sizes a phase plan depends on: the model's vocabulary (for the out-of-vocabulary invalid
+/// request) and the KV pool (for pressure phases).
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub vocab_size: usize,
+    pub pool_tokens: usize,
+    pub max_num_seqs: usize,
+}
 
 /// What the target does with a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

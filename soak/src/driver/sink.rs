@@ -2,6 +2,7 @@
 //! through a fixed buffer (the harness keeps no growing state of its own, so its memory cannot
 //! pass for the target's), with the run's clock and the timer of samples between quiescent points.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -9,8 +10,15 @@ use std::time::{Duration, Instant};
 
 use plateau_reports::{Header, SampleLine};
 
-use super::target::Probe;
 use super::RunError;
+
+/// What one sample holds: values by metric, the probes' cost, and failed idle self-checks.
+#[derive(Debug, Default)]
+pub struct Probe {
+    pub values: BTreeMap<String, f64>,
+    pub cost_us: BTreeMap<String, f64>,
+    pub checks: BTreeMap<String, String>,
+}
 
 pub struct Sink {
     out: BufWriter<File>,

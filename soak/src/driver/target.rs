@@ -15,28 +15,11 @@ use std::collections::BTreeMap;
 
 use plateau_reports::MetricSpec;
 
-use super::plan::Send;
-use super::sink::Sink;
+pub use super::plan::{Send, Shape};
+pub use super::sink::{Probe, Sink};
 use super::{AbortCounts, RunError};
 use crate::scenario::Scenario;
 use crate::triggers::TriggerCount;
-
-/// What one sample holds: values by metric, the probes' cost, and failed idle self-checks.
-#[derive(Debug, Default)]
-pub struct Probe {
-    pub values: BTreeMap<String, f64>,
-    pub cost_us: BTreeMap<String, f64>,
-    pub checks: BTreeMap<String, String>,
-}
-
-/// The sizes a phase plan depends on: the model's vocabulary (for the out-of-vocabulary invalid
-/// request) and the KV pool (for pressure phases).
-#[derive(Debug, Clone, Copy)]
-pub struct Shape {
-    pub vocab_size: usize,
-    pub pool_tokens: usize,
-    pub max_num_seqs: usize,
-}
 
 /// What a target leaves for the run's outputs once it is done.
 #[derive(Debug, Default)]
