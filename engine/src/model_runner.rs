@@ -10,7 +10,7 @@ use crate::block_pool::BlockId;
 use crate::error::Result;
 use crate::kv_manager::{BlockCopy, KvManager};
 use crate::model::backend::{Backend, ForwardBatch, SeqChunk};
-use crate::model::weights::ModelWeights;
+use crate::model::weights::WeightSource;
 use crate::multimodal::encoder_cache::EncoderCache;
 use crate::scheduler::{Chunk, EncodeJob};
 use crate::store::RequestStore;
@@ -88,8 +88,8 @@ impl ModelRunner {
         }
     }
 
-    pub fn load_weights(&mut self, weights: ModelWeights) -> Result<()> {
-        self.backend.load_weights(weights)
+    pub fn load_weights(&mut self, source: &WeightSource) -> Result<()> {
+        self.backend.load_weights_from(source)
     }
 
     pub fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>> {

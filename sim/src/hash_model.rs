@@ -15,7 +15,7 @@ use plateau_engine::block_pool::BlockId;
 use plateau_engine::model::backend::{Backend, BackendMemory, ForwardBatch};
 use plateau_engine::model::vision;
 use plateau_engine::multimodal::image::PixelTensor;
-use plateau_engine::{EngineError, Injections, ModelConfig, ModelWeights};
+use plateau_engine::{EngineError, Injections, ModelConfig, ModelWeights, WeightSource};
 
 type Result<T> = std::result::Result<T, EngineError>;
 
@@ -98,6 +98,17 @@ impl Backend for HashBackend {
 
     fn load_weights(&mut self, weights: ModelWeights) -> Result<()> {
         if weights.config != self.config {
+            return Err(EngineError::Weights("new weights have another shape".into()));
+        }
+        self.weight_bytes = Some(weight_bytes(&self.config));
+        Ok(())
+    }
+
+    /// The hash model computes with no weights: a new source's shape is checked and its size
+    /// counted, and none of it is drawn (drawing the tiny preset's weights at every wake was half
+    /// of a sweep's time).
+    fn load_weights_from(&mut self, source: &WeightSource) -> Result<()> {
+        if source.config()? != self.config {
             return Err(EngineError::Weights("new weights have another shape".into()));
         }
         self.weight_bytes = Some(weight_bytes(&self.config));

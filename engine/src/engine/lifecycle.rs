@@ -74,7 +74,7 @@ impl Engine {
             return Err(EngineError::NotAsleep);
         };
         if level == 2 {
-            self.runner.load_weights(self.config.model.load()?)?;
+            self.runner.load_weights(&self.config.model)?;
         }
         self.runner.allocate_kv(self.config.num_kv_blocks, self.config.block_size)?;
         self.asleep = None;
@@ -89,7 +89,7 @@ impl Engine {
         }
         if self.asleep != Some(2) {
             self.refuse_if_busy()?;
-            self.runner.load_weights(source.load()?)?;
+            self.runner.load_weights(&source)?;
             self.kv.reset_prefix_cache();
         }
         self.config.model = source;

@@ -5,7 +5,7 @@ use crate::block_pool::BlockId;
 use crate::error::Result;
 use crate::kv_manager::BlockCopy;
 use crate::model::config::ModelConfig;
-use crate::model::weights::ModelWeights;
+use crate::model::weights::{ModelWeights, WeightSource};
 
 /// One sequence's share of a forward pass: `tokens` at positions `start_pos..`, written into the
 /// KV slots that `block_table` maps those positions to.
@@ -44,6 +44,12 @@ pub trait Backend: Send {
     /// Releases the KV pool (sleep).
     fn release_kv(&mut self);
     fn load_weights(&mut self, weights: ModelWeights) -> Result<()>;
+    /// Loads the weights `source` names (a wake after a level-2 sleep, a weight update). A backend
+    /// that computes with the weights reads them all; one that only models their size (the
+    /// simulator's hash model) checks their shape and need not draw or read a byte of them.
+    fn load_weights_from(&mut self, source: &WeightSource) -> Result<()> {
+        self.load_weights(source.load()?)
+    }
     /// Releases the weights (sleep level 2).
     fn release_weights(&mut self);
     /// Computes the batch; returns one logits row per chunk with `want_logits`, in order.

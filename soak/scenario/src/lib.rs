@@ -14,6 +14,7 @@ use serde::Deserialize;
 mod diagnostics;
 mod metric_spec;
 mod phases;
+mod photo;
 mod sections;
 mod validate;
 pub mod workload;

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use plateau_engine::ImageInput;
 
+pub use crate::photo::photo;
 use crate::{Batch, ImageFormatSpec, ImageSpec, Pressure};
 
 pub fn rng_for(parts: &[u64]) -> ChaCha8Rng {
@@ -48,43 +49,6 @@ pub fn render(template: &str, i: u64, iter: u64) -> String {
         rest = &rest[open + close + 1..];
     }
     out.push_str(rest);
-    out
-}
-
-/// A seeded photo-like picture: a sky-to-ground gradient, a few soft blobs and fine grain.
-pub fn photo(width: u32, height: u32, seed: u64) -> Vec<u8> {
-    let mut rng = rng_for(&[seed, width as u64, height as u64]);
-    let mut colour = || [(rng.next_u32() % 256) as f32, (rng.next_u32() % 256) as f32, (rng.next_u32() % 256) as f32];
-    let (top, bottom) = (colour(), colour());
-    let blobs: Vec<([f32; 3], f32, f32, f32)> = (0..4)
-        .map(|_| {
-            let c = colour();
-            let (cx, cy) = ((c[0] / 255.0) * width as f32, (c[1] / 255.0) * height as f32);
-            let r = (0.08 + c[2] / 255.0 * 0.25) * width.max(height) as f32;
-            (colour(), cx, cy, r * r)
-        })
-        .collect();
-    let mut out = Vec::with_capacity(width as usize * height as usize * 3);
-    for y in 0..height {
-        let t = y as f32 / height as f32;
-        for x in 0..width {
-            let mut px = [0.0f32; 3];
-            for k in 0..3 {
-                px[k] = top[k] * (1.0 - t) + bottom[k] * t;
-            }
-            for (c, cx, cy, r2) in &blobs {
-                let d2 = (x as f32 - cx).powi(2) + (y as f32 - cy).powi(2);
-                if d2 < 4.0 * r2 {
-                    let w = (-d2 / r2).exp();
-                    for k in 0..3 {
-                        px[k] = px[k] * (1.0 - w) + c[k] * w;
-                    }
-                }
-            }
-            let grain = ((x.wrapping_mul(73_856_093) ^ y.wrapping_mul(19_349_663) ^ seed as u32) % 17) as f32 - 8.0;
-            out.extend(px.iter().map(|v| (v + grain).clamp(0.0, 255.0) as u8));
-        }
-    }
     out
 }
 
