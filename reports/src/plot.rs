@@ -242,6 +242,18 @@ where
     root.present().map_err(e)
 }
 
+/// Writes an RGB picture of `size` (width, height) as a PNG file.
+fn write_png(path: &Path, size: (u32, u32), rgb: &[u8]) -> Result<(), String> {
+    let e = |x: &dyn std::fmt::Display| format!("{}: {x}", path.display());
+    let file = std::fs::File::create(path).map_err(|x| e(&x))?;
+    let mut enc = png::Encoder::new(std::io::BufWriter::new(file), size.0, size.1);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut w = enc.write_header().map_err(|x| e(&x))?;
+    w.write_image_data(rgb).map_err(|x| e(&x))?;
+    w.finish().map_err(|x| e(&x))
+}
+
 /// Draws `memory.{svg,png}` and `counts.{svg,png}` into `dir`, a grid of panels each; returns the
 /// files written.
 pub fn plot_run(s: &Samples, v: &Verdict, dir: &Path) -> Result<Vec<PathBuf>, String> {
@@ -255,8 +267,10 @@ pub fn plot_run(s: &Samples, v: &Verdict, dir: &Path) -> Result<Vec<PathBuf>, St
         let t = format!("{title}: {what}");
         let svg = dir.join(format!("{stem}.svg"));
         draw_grid(SVGBackend::new(&svg, size).into_drawing_area(), &t, &ps)?;
+        let mut rgb = vec![0u8; size.0 as usize * size.1 as usize * 3];
+        draw_grid(BitMapBackend::with_buffer(&mut rgb, size).into_drawing_area(), &t, &ps)?;
         let png = dir.join(format!("{stem}.png"));
-        draw_grid(BitMapBackend::new(&png, size).into_drawing_area(), &t, &ps)?;
+        write_png(&png, size, &rgb)?;
         written.extend([svg, png]);
     }
     Ok(written)
