@@ -14,10 +14,11 @@ fmt:
 
 lint:
     cargo fmt --all -- --check
-    cargo clippy --workspace --release --all-targets -- -D warnings
+    cargo clippy --workspace --release --all-targets --features plateau-engine/bench,plateau-soak/bench -- -D warnings
 
 bench:
-    cargo bench --workspace
+    cargo bench --workspace --features plateau-engine/bench,plateau-soak/bench
+    RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=$PWD/target/madsim cargo bench -p plateau-sim --features bench
 
 # A soak run: just soak scenarios/mixed.toml --duration 10m
 soak SCENARIO *ARGS:

@@ -6,6 +6,8 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
 use plateau_reports::ci::Check;
@@ -184,51 +186,89 @@ fn detail(c: &Case, v: &Verdict) -> String {
     }
 }
 
-/// Runs every case; prints one line each and a closing `selftest: N passed, M failed` line.
-/// Returns each case's outcome, or an error if the harness itself could not run.
-pub fn run(quick: bool, exe: &Path, out_root: &Path) -> Result<Vec<Check>, String> {
-    let mut failed = 0;
-    let mut checks = Vec::with_capacity(CASES.len());
-    for (k, c) in CASES.iter().enumerate() {
-        let name = format!("{}{}", c.scenario, c.inject.map(|i| format!(" + {i}")).unwrap_or_default());
-        let out = out_root.join(format!("{k:02}-{}-{}", c.scenario, c.inject.unwrap_or("clean")));
-        let mut cmd = Command::new(exe);
-        cmd.args(["run", c.scenario, "--out"]).arg(&out).args(["--sample-interval-ms", "1000", "--quiet"]);
-        if let (true, Some(n)) = (quick, c.quick_iterations) {
-            cmd.args(["--iterations", &n.to_string()]);
-        }
-        if let Some(i) = c.inject {
-            cmd.args(["--inject", i]);
-        }
-        let t0 = Instant::now();
-        let output = cmd.output().map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
-        let secs = t0.elapsed().as_secs_f64();
-        let code = output.status.code().unwrap_or(-1);
-        let want = if c.expect_metric.is_some() { 1 } else { 0 };
-        let verdict: Option<Verdict> =
-            std::fs::read(out.join("verdict.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
-        let problem = match (&verdict, code == want) {
-            (_, false) => {
-                let err = String::from_utf8_lossy(&output.stderr);
-                Some(format!("exit {code}, want {want}: {}", err.lines().next().unwrap_or("")))
-            }
-            (None, true) => Some("no readable verdict.json".to_string()),
-            // An injected leak may starve a path (blocks never freed leave nothing to preempt):
-            // triggers are held to their claims in clean runs.
-            (Some(v), true) => {
-                check(c, v).or_else(|| c.inject.map_or_else(|| crate::triggers::unfired_in(&out), |_| None))
-            }
-        };
-        let figures = verdict.as_ref().map(|v| detail(c, v)).unwrap_or_default();
-        match &problem {
-            None => println!("ok    {name:<40} exit {code}  {secs:5.1}s  {figures}"),
-            Some(p) => {
-                failed += 1;
-                println!("FAIL  {name:<40} {p}  ({})", out.display());
-            }
-        }
-        checks.push(Check { name, problem, detail: figures, secs });
+/// A case's check and the exit code its run gave, or why the harness could not run it.
+type CaseResult = Result<(Check, i32), String>;
+
+/// Runs one case in a child process and judges what it left.
+fn run_case(k: usize, c: &Case, quick: bool, exe: &Path, out_root: &Path) -> CaseResult {
+    let name = format!("{}{}", c.scenario, c.inject.map(|i| format!(" + {i}")).unwrap_or_default());
+    let out = out_root.join(format!("{k:02}-{}-{}", c.scenario, c.inject.unwrap_or("clean")));
+    let mut cmd = Command::new(exe);
+    cmd.args(["run", c.scenario, "--out"]).arg(&out).args(["--sample-interval-ms", "1000", "--quiet"]);
+    if let (true, Some(n)) = (quick, c.quick_iterations) {
+        cmd.args(["--iterations", &n.to_string()]);
     }
+    if let Some(i) = c.inject {
+        cmd.args(["--inject", i]);
+    }
+    let t0 = Instant::now();
+    let output = cmd.output().map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    let secs = t0.elapsed().as_secs_f64();
+    let code = output.status.code().unwrap_or(-1);
+    let want = if c.expect_metric.is_some() { 1 } else { 0 };
+    let verdict: Option<Verdict> =
+        std::fs::read(out.join("verdict.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let problem = match (&verdict, code == want) {
+        (_, false) => {
+            let err = String::from_utf8_lossy(&output.stderr);
+            Some(format!("exit {code}, want {want}: {}", err.lines().next().unwrap_or("")))
+        }
+        (None, true) => Some("no readable verdict.json".to_string()),
+        // An injected leak may starve a path (blocks never freed leave nothing to preempt):
+        // triggers are held to their claims in clean runs.
+        (Some(v), true) => check(c, v).or_else(|| c.inject.map_or_else(|| crate::triggers::unfired_in(&out), |_| None)),
+    };
+    let figures = verdict.as_ref().map(|v| detail(c, v)).unwrap_or_default();
+    let problem = problem.map(|p| format!("{p}  ({})", out.display()));
+    Ok((Check { name, problem, detail: figures, secs }, code))
+}
+
+/// Runs every case, `jobs` at a time (each a child process; the clean cases, the longest, first),
+/// and prints one line each in the cases' order, then `selftest: N passed, M failed`. A verdict
+/// does not depend on what runs beside it: the heap gauges are exact from run to run, and the
+/// kernel's levels are read where the allocator has given its free pages back. Returns each
+/// case's outcome, or an error if the harness itself could not run.
+pub fn run(quick: bool, jobs: usize, exe: &Path, out_root: &Path) -> Result<Vec<Check>, String> {
+    assert!(jobs >= 1, "selftest needs at least one job");
+    let next = AtomicUsize::new(0);
+    let done: Mutex<Vec<Option<CaseResult>>> = Mutex::new((0..CASES.len()).map(|_| None).collect());
+    let ready = Condvar::new();
+    let mut checks = Vec::with_capacity(CASES.len());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(CASES.len()) {
+            scope.spawn(|| loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(c) = CASES.get(k) else { break };
+                let result = run_case(k, c, quick, exe, out_root);
+                done.lock().expect("no case panics holding the lock")[k] = Some(result);
+                ready.notify_all();
+            });
+        }
+        for k in 0..CASES.len() {
+            let mut slots = done.lock().expect("no case panics holding the lock");
+            while slots[k].is_none() {
+                slots = ready.wait(slots).expect("no case panics holding the lock");
+            }
+            let result = slots[k].take().expect("ready");
+            drop(slots);
+            match result {
+                Ok((check, code)) => {
+                    match &check.problem {
+                        None => println!("ok    {:<40} exit {code}  {:5.1}s  {}", check.name, check.secs, check.detail),
+                        Some(p) => println!("FAIL  {:<40} {p}", check.name),
+                    }
+                    checks.push(check);
+                }
+                Err(e) => {
+                    // The harness could not start a case: stop handing out the rest.
+                    next.store(CASES.len(), Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    })?;
+    let failed = checks.iter().filter(|c| c.problem.is_some()).count();
     println!("selftest: {} passed, {failed} failed", CASES.len() - failed);
     Ok(checks)
 }

@@ -7,9 +7,13 @@ use super::{CiArgs, HARNESS, LEAK, PASS, USAGE};
 #[derive(clap::Args)]
 pub struct Args {
     /// Shorter injected runs (each to its detection, a few iterations past it); clean
-    /// scenarios still run at their full length. About 4 minutes on 2 cores.
+    /// scenarios still run at their full length. About 2 minutes on 2 cores.
     #[arg(long)]
     quick: bool,
+    /// Cases run at once, each in a child process (default: the machine's cores). A verdict does
+    /// not depend on what runs beside it.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    jobs: Option<u16>,
     /// Keep the runs in this directory (default: a temporary one, removed on success).
     #[arg(long)]
     keep: Option<PathBuf>,
@@ -18,7 +22,8 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> u8 {
-    let Args { quick, keep, ci } = a;
+    let Args { quick, jobs, keep, ci } = a;
+    let jobs = jobs.map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), usize::from);
     let exe = match std::env::current_exe() {
         Ok(e) => e,
         Err(e) => {
@@ -34,7 +39,7 @@ pub fn main(a: Args) -> u8 {
         return USAGE;
     }
     let _ = std::fs::remove_file(&probe);
-    let checks = match plateau_soak::selftest::run(quick, &exe, &root) {
+    let checks = match plateau_soak::selftest::run(quick, jobs, &exe, &root) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("plateau: {e}");
