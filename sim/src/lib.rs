@@ -2,9 +2,11 @@
 //! prefill, decode and monolithic nodes), driven by the soak's scenarios under seeded fault plans,
 //! with invariants checked during and after every run, a trace hash per run, and replay by seed.
 //!
-//! The cluster (`cluster`, `runner`) exists only in the simulation build, `RUSTFLAGS="--cfg
-//! madsim"` in its own target folder (`just sim`); the pure parts (model backend, cost model, fault
-//! plans, workload plans, traces, reports) build and are unit-tested everywhere.
+//! The cluster (`cluster`, `runner`) and the node-tagging allocator (`heap`) exist only in the
+//! simulation build, `RUSTFLAGS="--cfg madsim"` in its own target folder (`just sim`); the pure
+//! parts (the hash model backend, cost model, fault plans, workload plans, the scenario's `[sim]`
+//! section, run specs, transfer regions, traces, reports, sweep shards) build and are unit-tested
+//! everywhere.
 
 pub mod cost;
 pub mod faults;

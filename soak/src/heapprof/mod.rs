@@ -272,7 +272,7 @@ mod tests {
                 stack("engine/src/output.rs", 243, 800, 112_000),
                 stack("engine/src/output.rs", 243, 10, 1_000),
                 stack("engine/src/registry.rs", 208, 64, 24_000),
-                stack("soak/src/driver.rs", 473, 1, 32),
+                stack("soak/src/driver/run_loop.rs", 173, 1, 32),
             ],
         };
         let s = g.verdict_sites(Some(20.0), 5);
