@@ -11,7 +11,11 @@ fn main() {
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=PLATEAU_COMMIT={commit}");
+    // Only what exists: cargo takes a watched path that is missing as changed, and would rebuild
+    // this crate at every build (packed-refs is absent until git packs its refs).
     for p in ["../.git/HEAD", "../.git/refs/heads", "../.git/packed-refs"] {
-        println!("cargo:rerun-if-changed={p}");
+        if std::path::Path::new(p).exists() {
+            println!("cargo:rerun-if-changed={p}");
+        }
     }
 }
