@@ -54,7 +54,7 @@ fn main() -> ExitCode {
         Some(dir) => WeightSource::Dir(dir),
         None => WeightSource::Preset { name: a.preset, seed: a.weights_seed },
     };
-    let dtype = match plateau_engine::model::cuda::DType::parse(&a.dtype) {
+    let dtype = match plateau_engine::model::dtype::DType::parse(&a.dtype) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("generate: --dtype: {e}");

@@ -2,6 +2,8 @@
 //! default (CI has none) and say so; on a GPU machine `cargo test -p plateau-engine --test cuda --
 //! --ignored` runs them, and there a missing device fails them with the reason.
 //! scripts/gpu-check.sh runs the full checks (parity, memory, soaks, throughput) on the H200.
+//! Only with the engine's `cuda` feature (on by default).
+#![cfg(feature = "cuda")]
 
 use plateau_engine::model::backend::{Backend, ForwardBatch, SeqChunk};
 use plateau_engine::model::cuda::{probe, CudaBackend, DType};

@@ -2,10 +2,13 @@
 //! verdict.json v1, environment.json v1), the plots of a run, report.html, what CI reads
 //! (job-summary markdown, JUnit) (the history database lives in plateau-soak).
 
+#[cfg(feature = "render")]
 pub mod ci;
 pub mod env;
 pub mod figures;
+#[cfg(feature = "render")]
 pub mod html;
+#[cfg(feature = "render")]
 pub mod plot;
 pub mod samples;
 pub mod verdict;

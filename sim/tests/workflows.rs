@@ -1,5 +1,7 @@
 //! The nightly workflow and the Kubernetes Indexed Job call only what `plateau-sim` has: a
-//! sharded sweep and the merge of its shards.
+//! sharded sweep and the merge of its shards. In the ordinary build (the simulation build leaves
+//! YAML out).
+#![cfg(not(madsim))]
 
 #[path = "../../soak/tests/support/commands.rs"]
 mod commands;

@@ -3,7 +3,9 @@
 pub mod backend;
 pub mod config;
 pub mod cpu;
+#[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod dtype;
 pub mod factory;
 pub mod layers;
 pub mod vision;

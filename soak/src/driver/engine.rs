@@ -27,7 +27,7 @@ const MAX_STEPS_PER_PHASE: u64 = 1_000_000;
 /// Builds the engine a scenario describes.
 pub fn build_engine(s: &Scenario, backend: &str, injections: Injections, seed: u64) -> Result<Engine, RunError> {
     let backend = resolve_backend(backend)?;
-    let dtype = plateau_engine::model::cuda::DType::parse(&s.engine.dtype).map_err(RunError::Input)?;
+    let dtype = plateau_engine::model::dtype::DType::parse(&s.engine.dtype).map_err(RunError::Input)?;
     plateau_engine::model::factory::engine_on(backend, s.engine_config(injections, seed), dtype)
         .map_err(|err| RunError::Input(format!("engine: {err}")))
 }

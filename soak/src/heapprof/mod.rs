@@ -258,7 +258,7 @@ mod tests {
     use super::*;
 
     fn stack(file: &str, line: u32, objects: i64, bytes: i64) -> StackGrowth {
-        let f = Frame { function: format!("f{line}"), file: Some(file.into()), line: Some(line) };
+        let f = Frame::plateau_code(format!("f{line}"), Some(file.into()), Some(line));
         StackGrowth { addrs: vec![line as u64], frames: vec![vec![f]], objects, bytes }
     }
 

@@ -18,15 +18,24 @@ pub struct Frame {
     /// debug information says for the rest (the standard library, dependencies).
     pub file: Option<String>,
     pub line: Option<u32>,
+    /// Code of the program being profiled, as its symbolizer tells it from the runtime, the
+    /// standard library and dependencies: where a site is looked for first.
+    pub own: bool,
 }
 
 impl Frame {
-    /// A frame of this project's own Rust code (not the allocator, the standard library, a
-    /// dependency, or C built into target/).
-    pub fn is_project(&self) -> bool {
-        self.file.as_deref().is_some_and(|f| {
+    /// A frame of plateau's own Rust code: `file` is relative to the workspace (not the standard
+    /// library, a dependency, or C built into target/).
+    pub fn plateau_code(function: String, file: Option<String>, line: Option<u32>) -> Frame {
+        let own = file.as_deref().is_some_and(|f| {
             !f.starts_with('/') && !f.starts_with("library/") && !f.starts_with("target/") && f.ends_with(".rs")
-        })
+        });
+        Frame { function, file, line, own }
+    }
+
+    /// A frame of the profiled program's own code (see `own`).
+    pub fn is_project(&self) -> bool {
+        self.own
     }
 
     /// A frame of the allocator or of allocation plumbing, never the site of a leak.
@@ -79,7 +88,7 @@ impl Symbolizer {
                     .and_then(|n| n.demangle().ok().map(Cow::into_owned))
                     .unwrap_or_else(|| "?".to_string());
                 let (file, line) = f.location.map_or((None, None), |l| (l.file.map(|p| self.relative(p)), l.line));
-                out.push(Frame { function, file, line });
+                out.push(Frame::plateau_code(function, file, line));
             }
         }
         // The outermost frame's name from the symbol table: qualified, where the line tables
@@ -88,7 +97,7 @@ impl Symbolizer {
             last.function = addr2line::demangle_auto(Cow::Borrowed(sym), None).into_owned();
         }
         if out.is_empty() {
-            out.push(Frame { function: format!("{addr:#x}"), file: None, line: None });
+            out.push(Frame { function: format!("{addr:#x}"), file: None, line: None, own: false });
         }
         out
     }
