@@ -22,10 +22,8 @@ fn rgb(w: u32, h: u32, salt: u8) -> ImageInput {
 }
 
 fn png(w: u32, h: u32) -> Vec<u8> {
-    let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]));
-    let mut out = Vec::new();
-    img.write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png).unwrap();
-    out
+    let pixels: Vec<u8> = (0..w * h).flat_map(|i| [(i % w) as u8, (i / w) as u8, 7]).collect();
+    plateau_engine::multimodal::codec::encode_png(w, h, &pixels).unwrap()
 }
 
 fn mm(id: u64, question: &str, images: Vec<ImageInput>, n: u32, max_tokens: u32) -> plateau_engine::Request {

@@ -3,9 +3,7 @@
 //! did), rounded to the vision encoder's patch grid, and normalised into a pixel tensor that the
 //! request keeps for its whole life (a preempted request may need to encode it again).
 
-use std::io::Cursor;
-
-use image::{ImageFormat, ImageReader, RgbImage};
+use super::codec;
 
 /// An image as a client sends it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +65,7 @@ pub fn target_size(width: u32, height: u32, limits: &ImageLimits, factor: u32) -
 
 /// Decodes, resizes and normalises one image. Errors name what is wrong with it.
 pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<PixelTensor, String> {
-    let rgb: RgbImage = match input {
+    let (sw, sh, rgb): (u32, u32, std::borrow::Cow<[u8]>) = match input {
         ImageInput::Rgb { width, height, pixels } => {
             if *width == 0 || *height == 0 {
                 return Err(format!("zero-sized image ({width}x{height})"));
@@ -77,34 +75,21 @@ pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<
             if pixels.len() != want {
                 return Err(format!("{width}x{height} RGB needs {want} bytes, got {}", pixels.len()));
             }
-            RgbImage::from_raw(*width, *height, pixels.clone()).ok_or("RGB buffer does not match its size")?
+            (*width, *height, std::borrow::Cow::Borrowed(pixels))
         }
         ImageInput::Encoded(bytes) => {
-            let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| e.to_string())?;
-            match reader.format() {
-                Some(ImageFormat::Png) | Some(ImageFormat::Jpeg) => {}
-                Some(f) => return Err(format!("{f:?} images are not supported (PNG or JPEG)")),
-                None => return Err("not an image: the bytes are neither PNG nor JPEG".into()),
-            }
-            let (w, h) = reader.into_dimensions().map_err(|e| format!("cannot read the image header: {e}"))?;
-            if w == 0 || h == 0 {
-                return Err(format!("zero-sized image ({w}x{h})"));
-            }
-            check_input_size(w, h, limits)?;
-            let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| e.to_string())?;
-            reader.decode().map_err(|e| format!("cannot decode the image (truncated or corrupt?): {e}"))?.to_rgb8()
+            let (w, h, rgb) = codec::decode(bytes, |w, h| check_input_size(w, h, limits))?;
+            (w, h, std::borrow::Cow::Owned(rgb))
         }
     };
-    let (w, h) = target_size(rgb.width(), rgb.height(), limits, factor);
+    let (w, h) = target_size(sw, sh, limits, factor);
     if w as u64 * h as u64 > limits.hard_max_pixels {
         return Err(format!(
-            "{}x{} would be {w}x{h} after resizing, above the hard limit of {} pixels",
-            rgb.width(),
-            rgb.height(),
+            "{sw}x{sh} would be {w}x{h} after resizing, above the hard limit of {} pixels",
             limits.hard_max_pixels
         ));
     }
-    let raw = if (w, h) == rgb.dimensions() { rgb.into_raw() } else { resize(rgb, w, h)? };
+    let raw = if (w, h) == (sw, sh) { rgb.into_owned() } else { resize(rgb.into_owned(), (sw, sh), w, h)? };
     let hash = crate::stable_hash::StableHasher::new().u32(w).u32(h).bytes(&raw).finish();
     let values = raw.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
     Ok(PixelTensor { width: w, height: h, values, hash })
@@ -113,13 +98,12 @@ pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<
 /// Bilinear (triangle-filter) resampling through `fast_image_resize` (SIMD; no threads), typed
 /// to RGB bytes: its untyped `resize` instantiates every pixel type it knows, which made three
 /// quarters of this crate's machine code and most of its build time.
-fn resize(rgb: RgbImage, w: u32, h: u32) -> Result<Vec<u8>, String> {
+fn resize(rgb: Vec<u8>, (sw, sh): (u32, u32), w: u32, h: u32) -> Result<Vec<u8>, String> {
     use fast_image_resize::{
         images::Image, pixels::U8x3, FilterType, IntoImageView, IntoImageViewMut, PixelType, ResizeAlg, ResizeOptions,
         Resizer,
     };
-    let (sw, sh) = rgb.dimensions();
-    let src = Image::from_vec_u8(sw, sh, rgb.into_raw(), PixelType::U8x3).map_err(|e| format!("resize: {e}"))?;
+    let src = Image::from_vec_u8(sw, sh, rgb, PixelType::U8x3).map_err(|e| format!("resize: {e}"))?;
     let mut dst = Image::new(w, h, PixelType::U8x3);
     let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
     {
@@ -144,10 +128,8 @@ mod tests {
     use super::*;
 
     fn png(w: u32, h: u32) -> Vec<u8> {
-        let img = RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 7) as u8, (y * 3) as u8, 90]));
-        let mut out = Vec::new();
-        img.write_to(&mut Cursor::new(&mut out), ImageFormat::Png).unwrap();
-        out
+        let rgb: Vec<u8> = (0..w * h).flat_map(|i| [((i % w) * 7) as u8, ((i / w) * 3) as u8, 90]).collect();
+        codec::encode_png(w, h, &rgb).unwrap()
     }
 
     #[test]

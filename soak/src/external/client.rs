@@ -301,14 +301,15 @@ pub fn text_of(tokens: &[u32]) -> String {
 /// An image as a base64 `data:` URL (PNG or JPEG as given; raw RGB encoded as PNG).
 fn data_url(img: &ImageInput) -> String {
     let (mime, bytes) = match img {
-        ImageInput::Encoded(b) if b.starts_with(&[0xff, 0xd8]) => ("image/jpeg", b.clone()),
+        ImageInput::Encoded(b)
+            if plateau_engine::multimodal::codec::sniff(b) == Some(plateau_engine::multimodal::codec::Format::Jpeg) =>
+        {
+            ("image/jpeg", b.clone())
+        }
         ImageInput::Encoded(b) => ("image/png", b.clone()),
         ImageInput::Rgb { width, height, pixels } => {
-            let mut out = Vec::new();
-            if let Some(img) = image::RgbImage::from_raw(*width, *height, pixels.clone()) {
-                let _ = img.write_to(&mut std::io::Cursor::new(&mut out), image::ImageFormat::Png);
-            }
-            ("image/png", out)
+            // A size the engine would refuse encodes to nothing: the server refuses it too.
+            ("image/png", plateau_engine::multimodal::codec::encode_png(*width, *height, pixels).unwrap_or_default())
         }
     };
     format!("data:{mime};base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
