@@ -76,6 +76,10 @@ pub fn judge_file(samples: &Path, o: &JudgeOptions) -> Result<(Samples, Verdict)
 /// says plainly that the replay did not reproduce it.
 fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
     let fmt = |b: f64| crate::detector::gauge::fmt_value(b, "bytes");
+    if let Some(why) = &g.note {
+        v.attribution.push(format!("where: {}: {why}", g.metric));
+        return;
+    }
     let Some(m) = v.metrics.iter_mut().find(|m| m.name == g.metric) else { return };
     let at = |s: &Site| format!("{} ({}:{})", s.function.as_deref().unwrap_or("?"), s.file, s.line);
     if m.status != Status::Fail {
@@ -124,13 +128,13 @@ fn note_node_heaps(v: &mut Verdict) {
     let nodes: Vec<String> = v
         .metrics
         .iter()
-        .filter(|m| m.status == Status::Fail && m.name.ends_with(".jemalloc.allocated"))
+        .filter(|m| m.status == Status::Fail && m.name.ends_with(".jemalloc.allocated") && m.sites.is_empty())
         .map(|m| m.name.clone())
         .collect();
     let (targets, nodes): (Vec<String>, Vec<String>) = nodes.into_iter().partition(|n| n.starts_with("target."));
     if !targets.is_empty() {
         v.attribution.push(format!(
-            "replay: {} grows in the target server; plateau profiles its own process only, so no allocation site is named: run the server under its own heap profiler (jemalloc's prof, heaptrack, memray for Python) for the sites",
+            "replay: {} grows in the target server, whose allocator is its own (it reports jemalloc's statistics): a preloaded profiler cannot see it; soak the same engine in-process (plateau run SCENARIO) for the allocating line, or run the server under its own allocator's profiler",
             targets.join(", ")
         ));
     }

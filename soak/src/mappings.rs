@@ -271,7 +271,10 @@ pub fn name_grown(snap: &Snapshots, v: &mut Verdict) {
             if let Some(top) = sites.first() {
                 l.push_str(&format!(", mapped at {}", top.place()));
             }
-            m.sites = sites.clone();
+            // Allocation sites a profiled replay named stay: they say more than where a mapping was made.
+            if m.sites.is_empty() {
+                m.sites = sites.clone();
+            }
         }
     }
     v.attribution.push(line);

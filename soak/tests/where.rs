@@ -174,3 +174,215 @@ fn explain_needs_a_run_directory() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("no samples.jsonl"), "{}", stderr(&o));
 }
+
+/// A small OpenAI-compatible server in Python's standard library that keeps 4 KiB of every
+/// request in `remember_prompt`: a leak whose function a verdict names through memray.
+const PYTHON_SERVER: &str = r#"
+import json, sys
+from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+SEEN = []
+
+def remember_prompt(prompt):
+    SEEN.append(bytearray(4096) + prompt.encode())
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def reply(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        if self.path in ("/v1/models", "/health"):
+            self.reply(200, b'{"object":"list","data":[{"id":"tiny"}]}')
+        else:
+            self.reply(404, b'{}')
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        n, max_tokens = req.get("n", 1), req.get("max_tokens", 4)
+        if not isinstance(n, int) or n < 1 or not isinstance(max_tokens, int) or max_tokens < 1:
+            return self.reply(400, b'{"error":{"message":"invalid"}}')
+        remember_prompt(str(req.get("prompt") or req.get("messages")))
+        events = b"".join(
+            b"data: " + json.dumps({"choices": [{"index": k, "text": " a", "finish_reason": None}]}).encode() + b"\n\n"
+            for _ in range(max_tokens) for k in range(n)) + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(events)))
+        self.end_headers()
+        self.wfile.write(events)
+
+ThreadingHTTPServer.daemon_threads = True
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+/// The same server in C on the C library's malloc, one connection at a time: `keep_request`
+/// keeps 4 KiB of every request.
+const C_SERVER: &str = r#"
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char **kept; static size_t n_kept, cap_kept;
+
+__attribute__((noinline)) void keep_request(const char *body, size_t len) {
+    char *copy = malloc(4096 + len);
+    memcpy(copy, body, len);
+    if (n_kept == cap_kept) { cap_kept = cap_kept ? 2 * cap_kept : 64; kept = realloc(kept, cap_kept * sizeof *kept); }
+    kept[n_kept++] = copy;
+}
+
+static int num_after(const char *s, const char *key, int dflt) {
+    const char *p = strstr(s, key);
+    return p ? atoi(p + strlen(key)) : dflt;
+}
+
+static void send_all(int fd, const char *p, size_t n) {
+    while (n > 0) { ssize_t w = write(fd, p, n); if (w <= 0) return; p += w; n -= (size_t)w; }
+}
+
+int main(int argc, char **argv) {
+    int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET; a.sin_port = htons(atoi(argv[1])); a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 128)) { perror("bind"); return 1; }
+    for (;;) {
+        int c = accept(s, NULL, NULL);
+        if (c < 0) continue;
+        char *req = malloc(1 << 16); size_t got = 0; long want = -1;
+        while (got < (1 << 16) - 1) {
+            ssize_t r = read(c, req + got, (1 << 16) - 1 - got);
+            if (r <= 0) break;
+            got += (size_t)r; req[got] = 0;
+            char *end = strstr(req, "\r\n\r\n");
+            if (end) {
+                long body = num_after(req, "Content-Length: ", 0);
+                if (got >= (size_t)(end + 4 - req) + body) { want = body; break; }
+            }
+        }
+        char head[256];
+        if (want < 0) { close(c); free(req); continue; }
+        if (strncmp(req, "GET ", 4) == 0 && strncmp(req, "GET /v1/models", 14) != 0 && strncmp(req, "GET /health", 11) != 0) {
+            const char *nf = "HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+            send_all(c, nf, strlen(nf));
+        } else if (strncmp(req, "GET ", 4) == 0) {
+            const char *ok = "{\"object\":\"list\",\"data\":[{\"id\":\"tiny\"}]}";
+            int n = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", strlen(ok));
+            send_all(c, head, (size_t)n); send_all(c, ok, strlen(ok));
+        } else {
+            const char *body = strstr(req, "\r\n\r\n") + 4;
+            int n_choices = num_after(body, "\"n\":", 1), max_tokens = num_after(body, "\"max_tokens\":", 4);
+            if (n_choices < 1 || max_tokens < 1) {
+                const char *bad = "{\"error\":{\"message\":\"invalid\"}}";
+                int n = snprintf(head, sizeof head, "HTTP/1.1 400 Bad Request\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", strlen(bad));
+                send_all(c, head, (size_t)n); send_all(c, bad, strlen(bad));
+            } else {
+                keep_request(body, (size_t)want);
+                size_t cap = (size_t)(n_choices * max_tokens + 1) * 96, len = 0;
+                char *ev = malloc(cap);
+                for (int t = 0; t < max_tokens; t++)
+                    for (int k = 0; k < n_choices; k++)
+                        len += (size_t)snprintf(ev + len, cap - len, "data: {\"choices\":[{\"index\":%d,\"text\":\" a\",\"finish_reason\":null}]}\n\n", k);
+                len += (size_t)snprintf(ev + len, cap - len, "data: [DONE]\n\n");
+                int n = snprintf(head, sizeof head, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", len);
+                send_all(c, head, (size_t)n); send_all(c, ev, len);
+                free(ev);
+            }
+        }
+        free(req);
+        close(c);
+    }
+}
+"#;
+
+/// Soaks n-sampling for 60 iterations against a server plateau starts with `spawn` (a command
+/// with `{port}` in it); the run's output and directory.
+fn soak_server(name: &str, spawn: &str) -> (Output, PathBuf) {
+    let d = tmp(name);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("http://127.0.0.1:{port}");
+    let spawn = spawn.replace("{port}", &port.to_string());
+    let o = plateau(&[
+        "run",
+        "n-sampling",
+        "--iterations",
+        "60",
+        "--target",
+        &url,
+        "--spawn",
+        &spawn,
+        "--concurrency",
+        "4",
+        "--quiet",
+        "--out",
+        d.to_str().unwrap(),
+    ]);
+    (o, d)
+}
+
+/// The verdict of a server's leak names the leaking function on the failing memory gauge, and
+/// growth.txt has it first.
+fn assert_names(o: &Output, d: &Path, function: &str) {
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(o));
+    let v = verdict(d);
+    let named: Vec<&serde_json::Value> = v["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["name"].as_str().is_some_and(|n| n.starts_with("target.proc.")))
+        .flat_map(|m| m["sites"].as_array().into_iter().flatten())
+        .collect();
+    assert!(named.iter().any(|s| s["function"] == function), "no site names {function}: {named:?}\n{}", stderr(o));
+    let growth = std::fs::read_to_string(d.join("growth.txt")).unwrap();
+    let first = growth.lines().find(|l| l.contains("/iteration, ") && l.contains("objects/iteration")).unwrap_or("");
+    assert!(first.contains(function), "growth.txt's top stack is not {function}:\n{growth}");
+    assert!(d.join("growth.pb.gz").exists() && d.join("growth.svg").exists());
+}
+
+#[test]
+#[cfg_attr(not(plateau_memray), ignore = "memray is not installed for python3 (python3 -m pip install memray)")]
+fn a_python_servers_leaking_function_is_named_by_memray() {
+    let dir = tmp("python-server-src");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("server.py");
+    std::fs::write(&script, PYTHON_SERVER).unwrap();
+    let (o, d) = soak_server("python-server", &format!("python3 {} {{port}}", script.display()));
+    assert_names(&o, &d, "remember_prompt");
+    let server: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("server.json")).unwrap()).unwrap();
+    assert_eq!(server["kind"], "python");
+}
+
+#[test]
+#[cfg_attr(
+    not(all(plateau_cc, plateau_libjemalloc)),
+    ignore = "needs a C compiler (cc) and Debian's libjemalloc2 (apt-get install libjemalloc2)"
+)]
+fn a_c_servers_leaking_function_is_named_through_a_preloaded_jemalloc() {
+    let dir = tmp("c-server-src");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("server.c"), C_SERVER).unwrap();
+    let exe = dir.join("server");
+    let cc = Command::new("cc").args(["-g", "-O1", "-o"]).arg(&exe).arg(dir.join("server.c")).output().unwrap();
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let (o, d) = soak_server("c-server", &format!("{} {{port}}", exe.display()));
+    assert_names(&o, &d, "keep_request");
+    let server: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("server.json")).unwrap()).unwrap();
+    assert_eq!(server["kind"], "native");
+}
+
+#[test]
+fn a_server_with_its_own_allocator_is_named_as_such() {
+    // plateau serve brings its own jemalloc: no preloaded profiler sees its heap.
+    let serve = format!("{} serve --port {{port}} --inject registry-retains-finished", env!("CARGO_BIN_EXE_plateau"));
+    let (o, d) = soak_server("own-allocator", &serve);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v = verdict(&d);
+    let attribution = v["attribution"].to_string();
+    assert!(attribution.contains("its own allocator"), "{attribution}");
+}

@@ -46,6 +46,42 @@ pub struct ExternalArgs {
     /// Seconds one request may take.
     #[arg(long, default_value_t = 300, help_heading = "External target")]
     request_timeout_s: u64,
+    /// Environment for the spawned server only, KEY=VALUE (repeatable): what a profiled replay
+    /// preloads into it, or your own settings.
+    #[arg(long, value_name = "KEY=VALUE", requires = "spawn", value_parser = parse_env, help_heading = "External target")]
+    spawn_env: Vec<(String, String)>,
+}
+
+impl ExternalArgs {
+    /// What a profiled replay of this run needs: the target and the flags to pass on as given.
+    fn replay_of<'a>(&'a self, url: &'a str) -> super::sites::ServerRun<'a> {
+        let mut args = vec![
+            "--concurrency".to_string(),
+            self.concurrency.to_string(),
+            "--ready-timeout-s".into(),
+            self.ready_timeout_s.to_string(),
+            "--settle-timeout-ms".into(),
+            self.settle_timeout_ms.to_string(),
+            "--request-timeout-s".into(),
+            self.request_timeout_s.to_string(),
+        ];
+        if let Some(m) = &self.metrics_map {
+            args.extend(["--metrics-map".to_string(), m.display().to_string()]);
+        }
+        super::sites::ServerRun { url, spawn: self.spawn.as_deref(), target_args: args }
+    }
+}
+
+/// KEY=VALUE, with a key a shell would take.
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("`{s}`: write KEY=VALUE"))?;
+    if k.is_empty()
+        || !k.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
+        || k.starts_with(|c: char| c.is_ascii_digit())
+    {
+        return Err(format!("`{k}` is not an environment variable's name"));
+    }
+    Ok((k.to_string(), v.to_string()))
 }
 
 // Parsed once per process: the size of `run`'s flags next to the small subcommands costs nothing.
@@ -96,13 +132,14 @@ pub struct Args {
     /// (default: the scenario's, else 1B/request).
     #[arg(long)]
     tolerance: Option<Tolerance>,
-    /// Replay the run with jemalloc's heap profiler and name the allocation sites of its heap
-    /// growth (growth.txt, growth.pb.gz, growth.svg), even if the heap did not fail. A heap
-    /// that fails is always replayed.
+    /// Replay the run with a heap profiler and name the allocation sites of its heap growth
+    /// (growth.txt, growth.pb.gz, growth.svg), even if the heap did not fail: jemalloc's for
+    /// plateau's engine; with --target --spawn, memray for a Python server or a preloaded
+    /// jemalloc for a native one. A heap that fails is always replayed.
     #[arg(long)]
     profile: bool,
-    /// The profiled replay's own side (set by plateau for the child it runs): activate the
-    /// heap profiler at quiescent point START and dump the live heap there and at END.
+    /// The profiled replay's own side (set by plateau for the child it runs): mark the heap at
+    /// quiescent points START, halfway and END.
     #[arg(long, hide = true, value_name = "START:END", value_parser = parse_window)]
     profile_window: Option<(u64, u64)>,
     #[command(flatten)]
@@ -203,10 +240,12 @@ pub fn main(a: Args) -> u8 {
     };
     let result = match &external.target {
         Some(url) => {
-            if profile || pd_processes || opts.backend.is_some() {
-                eprintln!(
-                    "plateau: --target: --profile, --pd-processes and --backend apply to plateau's own engine only"
-                );
+            if pd_processes || opts.backend.is_some() {
+                eprintln!("plateau: --target: --pd-processes and --backend apply to plateau's own engine only");
+                return USAGE;
+            }
+            if profile && external.spawn.is_none() {
+                eprintln!("plateau: --target --profile: the profiled replay starts a fresh server under a profiler; give the command with --spawn \"CMD\"");
                 return USAGE;
             }
             if opts.sample_interval_ms.is_some_and(|ms| ms > 0) {
@@ -222,6 +261,7 @@ pub fn main(a: Args) -> u8 {
                 ready_timeout: std::time::Duration::from_secs(external.ready_timeout_s),
                 settle_timeout: std::time::Duration::from_millis(external.settle_timeout_ms),
                 request_timeout: std::time::Duration::from_secs(external.request_timeout_s),
+                spawn_env: external.spawn_env.clone(),
             };
             plateau_soak::external::run(&s, &opts, &ext)
         }
@@ -229,10 +269,12 @@ pub fn main(a: Args) -> u8 {
     };
     match result {
         Ok(mut r) => {
-            if external.target.is_none() {
-                if let Some(code) = heap_sites(&mut r, &s, &opts, profile) {
-                    return code;
-                }
+            let named = match &external.target {
+                None => super::sites::heap_sites(&mut r, &s, &opts, profile),
+                Some(url) => super::sites::server_sites(&mut r, &s, &opts, &external.replay_of(url), profile),
+            };
+            if let Some(code) = named {
+                return code;
             }
             if r.aborts.invalid_accepted > 0 {
                 eprintln!(
@@ -312,66 +354,4 @@ fn parse_window(s: &str) -> Result<(u64, u64), String> {
         return Err(format!("`{s}`: START must come before END"));
     }
     Ok((a, b))
-}
-
-/// Iterations a profiled replay profiles after warm-up, unless the growth became conclusive later
-/// (then up to that iteration, so a late onset is inside the window): enough for a per-iteration
-/// figure at the byte, while sampling every allocation costs the replay several times a plain run.
-const REPLAY_ITERATIONS: u64 = 40;
-
-/// After a run whose heap failed (or with --profile), the profiled replay that names where it
-/// grew; then the verdict is drawn again with the sites. Some(exit code) when the replay could not
-/// be run (the run's verdict stays written) or the growth is in another process.
-fn heap_sites(r: &mut driver::RunResult, s: &Scenario, opts: &RunOptions, profile: bool) -> Option<u8> {
-    if opts.profile_window.is_some() || r.interrupted {
-        return None;
-    }
-    // A node process's heap (`decode.jemalloc.allocated`) is not replayed: the verdict says so
-    // (analysis::note_node_heaps).
-    let heap = r.verdict.metrics.iter().find(|m| m.name == "jemalloc.allocated")?;
-    if !(profile || heap.status == plateau_reports::Status::Fail) {
-        return None;
-    }
-    let start = r.verdict.warmup_iterations.max(1);
-    let end = r.iterations.min((start + REPLAY_ITERATIONS).max(heap.first_iter.unwrap_or(0)));
-    if end <= start {
-        eprintln!("plateau: no profiled replay: the run ended within its warm-up");
-        return None;
-    }
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("plateau: the profiled replay cannot find this binary: {e}");
-            return Some(HARNESS);
-        }
-    };
-    let injections: Vec<String> = r.verdict.injections.clone();
-    let spec = plateau_soak::heapprof::replay::ReplaySpec {
-        exe: &exe,
-        scenario: &opts.scenario_source,
-        seed: r.verdict.seed,
-        injections: &injections,
-        start_iter: start,
-        end_iter: end,
-        run_dir: &r.out_dir,
-        metric: "jemalloc.allocated",
-        run_bytes_per_iter: heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter),
-        requests_per_iter: r.verdict.requests_per_iter,
-    };
-    eprintln!("plateau: profiling a replay of iterations {start}..{end} for the heap's allocation sites");
-    if let Err(e) = spec.run() {
-        eprint!("{}", describe(&r.verdict));
-        eprintln!("plateau: {e}; the run's verdict is in {}", r.out_dir.display());
-        return Some(HARNESS);
-    }
-    match driver::rejudge(s, opts, r.interrupted) {
-        Ok(v) => {
-            r.verdict = v;
-            None
-        }
-        Err(e) => {
-            eprintln!("plateau: {e}");
-            Some(HARNESS)
-        }
-    }
 }

@@ -5,6 +5,7 @@
 //! the kernel's view of the process and every registry, and runs the engine's idle self-checks.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use plateau_engine::{AbortOutcome, Engine, Injections, RequestStage, Role, WeightSource};
@@ -12,7 +13,7 @@ use plateau_reports::MetricSpec;
 
 use super::plan::{Action, Send};
 use super::sink::Sink;
-use super::target::{Finish, Probe, Shape, Target};
+use super::target::{Finish, Probe, Shape, Target, WindowEdge};
 use super::{AbortCounts, RunError};
 use crate::arena::HarnessScope;
 use crate::pd::pair::{PdOptions, PdPair};
@@ -303,6 +304,17 @@ impl Target for EngineTarget {
         }
         self.rss_bytes = p.values.get("proc.rss").copied().unwrap_or(0.0);
         Ok(p)
+    }
+
+    /// The live heap dumped by jemalloc's profiler, switched on at the window's start: the
+    /// harness's own allocations are in their own arena and the engine is idle, so the dumps
+    /// differ by what the engine kept.
+    fn mark_window(&mut self, edge: WindowEdge, _iter: u64, out_dir: &Path) -> Result<(), RunError> {
+        use crate::heapprof::control;
+        if edge == WindowEdge::Start {
+            control::activate().map_err(RunError::Harness)?;
+        }
+        control::dump(&out_dir.join(edge.dump_file())).map_err(RunError::Harness)
     }
 
     fn mappings(&mut self) -> Vec<crate::mappings::Mapping> {

@@ -72,9 +72,8 @@ pub struct RunOptions {
     pub warmup: Option<u64>,
     /// `--tolerance` (default: the scenario's, else the detector's).
     pub tolerance: Option<crate::detector::Tolerance>,
-    /// A profiled replay (the child side): activate jemalloc's heap profiler at the first
-    /// quiescent point and dump the live heap there (heap-start.prof) and at the second
-    /// (heap-end.prof), into the output directory.
+    /// A profiled replay (the child side): the window's first and last quiescent points; the
+    /// target marks them and the middle one (`Target::mark_window`).
     pub profile_window: Option<(u64, u64)>,
 }
 
@@ -175,7 +174,7 @@ pub fn prepare_out_dir(opts: &RunOptions) -> Result<(), RunError> {
 /// What a run writes beside its samples, read back when the run is judged: left in the directory
 /// by an earlier run, any of them would be read as this run's (an earlier interrupted verdict, an
 /// earlier replay's growth sites).
-const RUN_OUTPUTS: [&str; 11] = [
+const RUN_OUTPUTS: [&str; 13] = [
     "report.html",
     "triggers.json",
     "verdict.json",
@@ -186,7 +185,9 @@ const RUN_OUTPUTS: [&str; 11] = [
     "growth.pb.gz",
     "growth.svg",
     "heap-start.prof",
+    "heap-mid.prof",
     "heap-end.prof",
+    "profile-window.json",
 ];
 
 /// Removes what an earlier run left in `dir` (the samples file is truncated by its creation).

@@ -16,7 +16,7 @@ use plateau_reports::{Header, Status, Verdict, SAMPLES_SCHEMA};
 
 use super::plan;
 use super::sink::Sink;
-use super::target::Target;
+use super::target::{Target, WindowEdge};
 use super::{rejudge, write_json, Progress, RunError, RunOptions, RunResult, MAX_ITERATIONS};
 use crate::analysis::JudgeOptions;
 use crate::arena::HarnessScope;
@@ -170,15 +170,8 @@ fn iterate(
         }
         // Last in the iteration, after the harness's own bookkeeping (the mapping snapshot), so
         // that only what the target and the run keep is in the profile's difference.
-        if let Some((start, end)) = opts.profile_window {
-            let dump = |name: &str| crate::heapprof::control::dump(&opts.out_dir.join(name)).map_err(RunError::Harness);
-            if iter == start {
-                crate::heapprof::control::activate().map_err(RunError::Harness)?;
-                dump("heap-start.prof")?;
-            }
-            if iter == end {
-                dump("heap-end.prof")?;
-            }
+        if let Some(edge) = opts.profile_window.and_then(|w| WindowEdge::at(iter, w)) {
+            target.mark_window(edge, iter, &opts.out_dir)?;
         }
         let msg = target.status();
         match (&bar, opts.progress) {

@@ -21,6 +21,46 @@ use super::{AbortCounts, RunError};
 use crate::scenario::Scenario;
 use crate::triggers::TriggerCount;
 
+/// The three quiescent points of a profiled replay's window, all at the same phase of the
+/// scenario's cycle (the end of an iteration): the end of warm-up, the middle, the end. Growth
+/// that is the leak's shows in both halves; memory alive at one point and not another does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowEdge {
+    Start,
+    Mid,
+    End,
+}
+
+impl WindowEdge {
+    pub fn name(self) -> &'static str {
+        match self {
+            WindowEdge::Start => "start",
+            WindowEdge::Mid => "mid",
+            WindowEdge::End => "end",
+        }
+    }
+
+    /// The heap profile a mark dumps: `heap-start.prof`, `heap-mid.prof`, `heap-end.prof`.
+    pub fn dump_file(self) -> String {
+        format!("heap-{}.prof", self.name())
+    }
+
+    /// The edge iteration `iter` is in the window `(start, end)`, if any: the middle is the
+    /// iteration halfway between, rounded down.
+    pub fn at(iter: u64, (start, end): (u64, u64)) -> Option<WindowEdge> {
+        let mid = start + (end - start) / 2;
+        if iter == start {
+            Some(WindowEdge::Start)
+        } else if iter == mid && mid > start && mid < end {
+            Some(WindowEdge::Mid)
+        } else if iter == end {
+            Some(WindowEdge::End)
+        } else {
+            None
+        }
+    }
+}
+
 /// What a target leaves for the run's outputs once it is done.
 #[derive(Debug, Default)]
 pub struct Finish {
@@ -58,6 +98,11 @@ pub trait Target {
     fn quiesce(&mut self, iter: u64, sink: &mut Sink) -> Result<(), RunError>;
     /// Probes the target: at a quiescent point (`quiescent`) or between steps.
     fn probe(&mut self, iter: u64, quiescent: bool) -> Result<Probe, RunError>;
+    /// A profiled replay (the child side) reached one of its window's quiescent points: record the
+    /// heap there as this target can (plateau's engine dumps its own heap profile; a server
+    /// notes the wall clock, and has a preloaded profiler dump where one is asked for). Files go
+    /// into `out_dir`.
+    fn mark_window(&mut self, edge: WindowEdge, iter: u64, out_dir: &std::path::Path) -> Result<(), RunError>;
     /// The target process's mappings now, for the mapping snapshot (empty when unknown).
     fn mappings(&mut self) -> Vec<crate::mappings::Mapping>;
     /// The progress line's detail: memory and accounting, or the target's address.

@@ -17,7 +17,7 @@ use super::REQUESTS;
 use super::{client_err, death, fetch_metrics, gpu, is_page_level, target, tree, ExternalOptions, POLL};
 use crate::driver::plan::{self, Send};
 use crate::driver::sink::Sink;
-use crate::driver::target::{Finish, Probe, Shape, Target};
+use crate::driver::target::{Finish, Probe, Shape, Target, WindowEdge};
 use crate::driver::{AbortCounts, RunError};
 use crate::scenario::{Phase, Scenario, Stage};
 
@@ -50,6 +50,10 @@ pub(super) struct Http<'a> {
     /// The scenario's engine section stands for the server's in phase plans: its vocabulary (for
     /// the out-of-vocabulary request) and its pool (for pressure phases).
     pub shape: Shape,
+    /// Where the run writes: `server.json` (what kind of program the server is) at the end.
+    pub out_dir: std::path::PathBuf,
+    /// A profiled replay's window as marked so far: (edge, iteration, wall clock in ms).
+    pub window: Vec<(WindowEdge, u64, u64)>,
 }
 
 impl Http<'_> {
@@ -216,6 +220,28 @@ impl Target for HttpTarget<'_> {
         self.runtime.block_on(self.http.sample(iter))
     }
 
+    /// The wall clock of the quiescent point (memray's snapshots are matched to it), and, when the
+    /// server runs with plateau's dump trigger preloaded, a heap dump asked of it there.
+    fn mark_window(&mut self, edge: WindowEdge, iter: u64, out_dir: &std::path::Path) -> Result<(), RunError> {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|e| RunError::Harness(format!("the clock: {e}")))?
+            .as_millis() as u64;
+        self.http.window.push((edge, iter, ms));
+        let request = self.http.ext.spawn_env.iter().find(|(k, _)| k == super::profile::DUMP_REQUEST_ENV);
+        if let (Some((_, request)), Some(t)) = (request, &self.http.target) {
+            super::profile::native::request_dump(std::path::Path::new(request), t.pid, &out_dir.join(edge.dump_file()))
+                .map_err(RunError::Harness)?;
+        }
+        let marks: Vec<serde_json::Value> = self
+            .http
+            .window
+            .iter()
+            .map(|(e, i, t)| serde_json::json!({"edge": e.name(), "iter": i, "unix_ms": t}))
+            .collect();
+        crate::driver::write_json(&out_dir.join("profile-window.json"), &marks)
+    }
+
     fn mappings(&mut self) -> Vec<crate::mappings::Mapping> {
         self.http.last_mappings.clone()
     }
@@ -236,6 +262,18 @@ impl Target for HttpTarget<'_> {
             (Some(_), Some(t), Some(w)) => ended_within(t, DEATH_GRACE).then(|| w.describe(t.exit_status())),
             _ => None,
         };
+        // What kind of program the server is, read while it still runs: which profiler can see
+        // its heap, for a replay that names the allocating line.
+        if let Some(t) = &self.http.target {
+            match super::profile::classify(t.pid) {
+                Ok(kind) => {
+                    if let Err(e) = crate::driver::write_json(&self.http.out_dir.join("server.json"), &kind) {
+                        eprintln!("plateau: server.json: {e}");
+                    }
+                }
+                Err(e) => eprintln!("plateau: what kind of program the server is could not be read: {e}"),
+            }
+        }
         if let Some(t) = &mut self.http.target {
             t.stop();
         }

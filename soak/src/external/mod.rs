@@ -20,6 +20,7 @@ mod death;
 pub mod exposition;
 pub mod gpu;
 pub mod mapping;
+pub mod profile;
 pub mod target;
 pub mod tree;
 
@@ -56,6 +57,9 @@ pub struct ExternalOptions {
     /// How long to wait for the in-flight gauges to reach zero after the last request.
     pub settle_timeout: Duration,
     pub request_timeout: Duration,
+    /// Environment for a spawned server only (`--spawn-env KEY=VALUE`): what a profiled replay
+    /// preloads into it, or a user's settings.
+    pub spawn_env: Vec<(String, String)>,
 }
 
 /// plateau's own figures recorded beside the target's, observed only: the load generator's memory.
@@ -199,7 +203,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         .map_err(|e| RunError::Harness(format!("tokio runtime: {e}")))?;
     let log = opts.out_dir.join("target.log");
     let mut target = match (&ext.spawn, ext.pid) {
-        (Some(cmd), _) => Some(target::Target::spawn(cmd, &log).map_err(RunError::Input)?),
+        (Some(cmd), _) => Some(target::Target::spawn(cmd, &ext.spawn_env, &log).map_err(RunError::Input)?),
         (None, Some(pid)) => Some(target::Target::attach(pid).map_err(RunError::Input)?),
         (None, None) => None,
     };
@@ -274,6 +278,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         own: crate::probes::ProcessProbes::new(),
         last_mappings: Vec::new(),
         shape: shape_of(scenario, plan.seed),
+        out_dir: opts.out_dir.clone(),
+        window: Vec::new(),
     };
     run_with(scenario, opts, plan, &mut HttpTarget { runtime, http })
 }

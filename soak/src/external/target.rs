@@ -29,12 +29,14 @@ impl Target {
         Ok(Target { pid, child: None })
     }
 
-    /// Starts `cmd` through the shell, its output to `log`.
-    pub fn spawn(cmd: &str, log: &Path) -> Result<Target, String> {
+    /// Starts `cmd` through the shell with `env` added to plateau's environment, its output to
+    /// `log`.
+    pub fn spawn(cmd: &str, env: &[(String, String)], log: &Path) -> Result<Target, String> {
         let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| format!("{}: {e}", log.display()))?;
         let mut c = Command::new("sh");
         c.arg("-c").arg(format!("exec {cmd}")).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        c.envs(env.iter().map(|(k, v)| (k, v)));
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
             c.pre_exec(|| {

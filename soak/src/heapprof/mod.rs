@@ -1,8 +1,12 @@
 //! Where heap growth comes from, by deterministic replay: the run is replayed (same scenario, seed
 //! and injections) with jemalloc's heap profiler sampling every allocation, the live heap is
-//! dumped after warm-up and at the end, and the difference is taken per allocation stack and
-//! symbolized to the function and line that allocated what stayed. No profiler alone can do this:
-//! it needs a run that can be repeated exactly.
+//! dumped at three quiescent points of the window (after warm-up, in the middle, at the end: the
+//! same phase of the scenario's cycle each time), and the difference is taken per allocation stack
+//! and symbolized to the function and line that allocated what stayed. A stack counts when it grew
+//! in both halves: a leak does, while memory alive at one point and not another (a buffer the
+//! vision encoder keeps until its next use, a pool released by sleep and made again) does not, and
+//! no longer inflates the replay's total. No profiler alone can do this: it needs a run that can
+//! be repeated exactly.
 //!
 //! Outputs in the run directory: `growth.txt` (the top growing stacks, the project's own frames
 //! first), `growth.pb.gz` (the difference as a pprof profile), `growth.svg` (its flamegraph) and
@@ -59,8 +63,56 @@ pub struct Growth {
     pub binary: String,
     pub start_iter: u64,
     pub end_iter: u64,
-    /// Stacks that grew, most bytes first.
+    /// Stacks that grew in both halves of the window, most bytes first.
     pub stacks: Vec<StackGrowth>,
+    /// Stacks whose live heap changed in one half only (not counted): how many, their net bytes.
+    pub one_half_only: (usize, i64),
+}
+
+/// Turns a return address into the frames at it, innermost first: plateau's own binary
+/// ([`Symbolizer`]) or a server's executable and libraries (`external::profile::native`).
+pub trait Symbolize {
+    fn frames(&self, addr: u64) -> Vec<Frame>;
+}
+
+impl Symbolize for Symbolizer {
+    fn frames(&self, addr: u64) -> Vec<Frame> {
+        Symbolizer::frames(self, addr)
+    }
+}
+
+/// Reads a heap_v2 dump.
+pub fn read_dump(p: &Path) -> Result<HeapProfile, String> {
+    std::fs::read_to_string(p)
+        .map_err(|e| format!("{}: {e}", p.display()))
+        .and_then(|t| HeapProfile::parse(&t).map_err(|e| format!("{}: {e}", p.display())))
+}
+
+/// The growth between dumps at a window's start, middle and end, by stack: stacks that gained in
+/// both halves count (objects and bytes over the whole window), the rest are tallied apart.
+pub fn growth_between(
+    [start, mid, end]: [&HeapProfile; 3],
+    (start_iter, end_iter): (u64, u64),
+    binary: String,
+    sym: &dyn Symbolize,
+) -> Growth {
+    let (first, second) = (start.diff(mid), mid.diff(end));
+    let mut stacks = Vec::new();
+    let mut one_half_only = (0usize, 0i64);
+    let keys: std::collections::BTreeSet<&Vec<u64>> = first.keys().chain(second.keys()).collect();
+    for addrs in keys {
+        let (o1, b1) = first.get(addrs).copied().unwrap_or_default();
+        let (o2, b2) = second.get(addrs).copied().unwrap_or_default();
+        if b1 > 0 && b2 > 0 {
+            let frames = addrs.iter().map(|&x| sym.frames(x)).collect();
+            stacks.push(StackGrowth { addrs: addrs.clone(), frames, objects: o1 + o2, bytes: b1 + b2 });
+        } else if b1 + b2 != 0 {
+            one_half_only.0 += 1;
+            one_half_only.1 += b1 + b2;
+        }
+    }
+    stacks.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
+    Growth { binary, start_iter, end_iter, stacks, one_half_only }
 }
 
 impl Growth {
@@ -108,26 +160,14 @@ impl Growth {
     }
 }
 
-/// Reads two dumps of this binary and symbolizes the stacks whose live heap changed.
-pub fn growth(start: &Path, end: &Path, start_iter: u64, end_iter: u64, exe: &Path) -> Result<Growth, String> {
-    let read = |p: &Path| {
-        std::fs::read_to_string(p)
-            .map_err(|e| format!("{}: {e}", p.display()))
-            .and_then(|t| HeapProfile::parse(&t).map_err(|e| format!("{}: {e}", p.display())))
-    };
-    let (a, b) = (read(start)?, read(end)?);
+/// Reads the three dumps a replay of this binary left in `dir` (`heap-start.prof`,
+/// `heap-mid.prof`, `heap-end.prof`) and symbolizes the stacks that grew in both halves.
+pub fn growth(dir: &Path, start_iter: u64, end_iter: u64, exe: &Path) -> Result<Growth, String> {
+    let dumps = ["heap-start.prof", "heap-mid.prof", "heap-end.prof"].map(|n| read_dump(&dir.join(n)));
+    let [a, m, b] = dumps;
+    let (a, m, b) = (a?, m?, b?);
     let sym = Symbolizer::new(exe, &b.maps)?;
-    let mut stacks: Vec<StackGrowth> = a
-        .diff(&b)
-        .into_iter()
-        .filter(|(_, (_, bytes))| *bytes > 0)
-        .map(|(addrs, (objects, bytes))| {
-            let frames = addrs.iter().map(|&x| sym.frames(x)).collect();
-            StackGrowth { addrs, frames, objects, bytes }
-        })
-        .collect();
-    stacks.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
-    Ok(Growth { binary: exe.display().to_string(), start_iter, end_iter, stacks })
+    Ok(growth_between([&a, &m, &b], (start_iter, end_iter), exe.display().to_string(), &sym))
 }
 
 /// What growth.json holds: the sites and the replay that found them.
@@ -144,6 +184,17 @@ pub struct GrowthRecord {
     /// The replay's command line, for a person to run again.
     pub command: String,
     pub sites: Vec<Site>,
+    /// Why no replay named a site (a server plateau did not start, one with its own allocator,
+    /// no profiler installed), in place of the figures above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Writes growth.json, which the verdict's judging reads back.
+pub fn write_record(dir: &Path, record: &GrowthRecord) -> Result<(), String> {
+    let path = dir.join("growth.json");
+    let json = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
+    crate::fsutil::write_atomic(&path, &json).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Writes growth.txt, growth.pb.gz and growth.svg into `dir`.
@@ -189,12 +240,19 @@ pub fn growth_text(g: &Growth, requests_per_iter: Option<f64>, command: &str) ->
     let per_req = |b: f64| requests_per_iter.map(|r| format!(", {}/request", fmt_bytes(b / r))).unwrap_or_default();
     let total = g.bytes_per_iter();
     let mut out = format!(
-        "Heap growth between iterations {} and {} of a profiled replay (every allocation sampled):\n{}/iteration in all{}\nreplay: {command}\n",
+        "Heap growth between iterations {} and {} of a profiled replay (every allocation sampled), by stacks that grew in both halves:\n{}/iteration in all{}\nreplay: {command}\n",
         g.start_iter,
         g.end_iter,
         fmt_bytes(total),
         per_req(total)
     );
+    if g.one_half_only.0 > 0 {
+        out.push_str(&format!(
+            "not counted: {} stacks that changed in one half of the window only ({} net): memory alive at one quiescent point and not another\n",
+            g.one_half_only.0,
+            fmt_bytes(g.one_half_only.1 as f64)
+        ));
+    }
     for s in g.stacks.iter().take(10) {
         let b = s.bytes as f64 / n;
         let site = s.site().map(|f| {
@@ -262,6 +320,33 @@ mod tests {
         StackGrowth { addrs: vec![line as u64], frames: vec![vec![f]], objects, bytes }
     }
 
+    struct ByAddress;
+    impl Symbolize for ByAddress {
+        fn frames(&self, addr: u64) -> Vec<Frame> {
+            vec![Frame::plateau_code(format!("f{addr}"), Some("engine/src/x.rs".into()), Some(addr as u32))]
+        }
+    }
+
+    fn dump(stacks: &[(u64, i64)]) -> HeapProfile {
+        HeapProfile { stacks: stacks.iter().map(|&(a, b)| (vec![a], (1, b))).collect(), maps: String::new() }
+    }
+
+    #[test]
+    fn a_stack_counts_when_it_grew_in_both_halves() {
+        // 1: a leak (grows in both halves); 2: a buffer alive at the middle only; 3: a pool made
+        // again in the second half only; 4: steady.
+        let (a, m, b) = (
+            dump(&[(1, 1_000), (3, 500), (4, 64)]),
+            dump(&[(1, 2_000), (2, 1 << 20), (3, 500), (4, 64)]),
+            dump(&[(1, 3_100), (3, 900), (4, 64)]),
+        );
+        let g = growth_between([&a, &m, &b], (20, 60), "x".into(), &ByAddress);
+        assert_eq!(g.stacks.len(), 1);
+        assert_eq!((g.stacks[0].addrs.clone(), g.stacks[0].bytes), (vec![1], 2_100));
+        assert_eq!(g.one_half_only, (1, 400), "the buffer came and went (net 0); the pool grew once");
+        assert_eq!(g.bytes_per_iter(), 2_100.0 / 40.0);
+    }
+
     #[test]
     fn sites_merge_stacks_and_drop_the_harness_crumbs() {
         let g = Growth {
@@ -274,6 +359,7 @@ mod tests {
                 stack("engine/src/registry.rs", 208, 64, 24_000),
                 stack("soak/src/driver/run_loop.rs", 173, 1, 32),
             ],
+            one_half_only: (0, 0),
         };
         let s = g.verdict_sites(Some(20.0), 5);
         assert_eq!(s.len(), 2, "{s:?}");

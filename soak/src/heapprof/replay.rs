@@ -1,6 +1,7 @@
 //! The profiled replay, from the parent's side: run the same scenario, seed and injections again
 //! in a child `plateau` with jemalloc's profiler enabled, have it dump the live heap at the end of
-//! warm-up and at the end, and turn the difference into sites (see the parent module).
+//! warm-up, in the middle and at the end, and turn the growth of both halves into sites (see the
+//! parent module).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,25 +32,46 @@ pub struct ReplaySpec<'a> {
 /// and size-class rounding).
 const REPRODUCED_WITHIN: f64 = 2.0;
 
+/// `plateau run` arguments of a profiled replay: the same scenario and seed, `end` iterations, the
+/// warm-up and the profile window ending at the window's edges, quiet, into `out`.
+pub fn window_run_args(scenario: &str, seed: u64, (start, end): (u64, u64), out: &Path) -> Vec<String> {
+    vec![
+        "run".into(),
+        scenario.into(),
+        "--seed".into(),
+        seed.to_string(),
+        "--iterations".into(),
+        end.to_string(),
+        "--warmup".into(),
+        start.to_string(),
+        "--quiet".into(),
+        "--profile-window".into(),
+        format!("{start}:{end}"),
+        "--out".into(),
+        out.display().to_string(),
+    ]
+}
+
+/// Runs a replay's `plateau run` child to its end: Ok when it exited 0, 1 or 4 (whatever its own
+/// verdict), else the error with its last line of output.
+pub fn run_to_its_end(cmd: &mut Command) -> Result<(), String> {
+    let exe = cmd.get_program().to_string_lossy().into_owned();
+    let o = cmd.output().map_err(|e| format!("the profiled replay did not start ({exe}): {e}"))?;
+    if matches!(o.status.code(), Some(0 | 1 | 4)) {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&o.stderr);
+    Err(format!(
+        "the profiled replay failed (exit {:?}): {}",
+        o.status.code(),
+        err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
+    ))
+}
+
 impl ReplaySpec<'_> {
     fn args(&self, out: &Path) -> Vec<String> {
-        let mut a: Vec<String> = vec![
-            "run".into(),
-            self.scenario.into(),
-            "--seed".into(),
-            self.seed.to_string(),
-            "--iterations".into(),
-            self.end_iter.to_string(),
-            "--warmup".into(),
-            self.start_iter.to_string(),
-            "--sample-interval-ms".into(),
-            "0".into(),
-            "--quiet".into(),
-            "--profile-window".into(),
-            format!("{}:{}", self.start_iter, self.end_iter),
-            "--out".into(),
-            out.display().to_string(),
-        ];
+        let mut a = window_run_args(self.scenario, self.seed, (self.start_iter, self.end_iter), out);
+        a.extend(["--sample-interval-ms".to_string(), "0".into()]);
         for i in self.injections {
             a.extend(["--inject".to_string(), i.clone()]);
         }
@@ -66,22 +88,8 @@ impl ReplaySpec<'_> {
     pub fn run(&self) -> Result<GrowthRecord, String> {
         let out: PathBuf = self.run_dir.join("replay");
         let _ = std::fs::remove_dir_all(&out);
-        let o = Command::new(self.exe)
-            .args(self.args(&out))
-            .env("MALLOC_CONF", REPLAY_MALLOC_CONF)
-            .output()
-            .map_err(|e| format!("the profiled replay did not start ({}): {e}", self.exe.display()))?;
-        // 0, 1 or 4: it ran to its end (whatever its own verdict); 2 or 3: it did not.
-        if !matches!(o.status.code(), Some(0 | 1 | 4)) {
-            let err = String::from_utf8_lossy(&o.stderr);
-            return Err(format!(
-                "the profiled replay failed (exit {:?}): {}",
-                o.status.code(),
-                err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
-            ));
-        }
-        let g =
-            growth(&out.join("heap-start.prof"), &out.join("heap-end.prof"), self.start_iter, self.end_iter, self.exe)?;
+        run_to_its_end(Command::new(self.exe).args(self.args(&out)).env("MALLOC_CONF", REPLAY_MALLOC_CONF))?;
+        let g = growth(&out, self.start_iter, self.end_iter, self.exe)?;
         let command = self.command();
         write_files(self.run_dir, &g, self.requests_per_iter, &command)?;
         let replay = g.bytes_per_iter();
@@ -98,10 +106,9 @@ impl ReplaySpec<'_> {
             command,
             // Listed either way; the verdict blames them only if the replay reproduced a failure.
             sites: g.verdict_sites(self.requests_per_iter, 5),
+            note: None,
         };
-        let json = serde_json::to_vec_pretty(&record).map_err(|e| e.to_string())?;
-        crate::fsutil::write_atomic(&self.run_dir.join("growth.json"), &json)
-            .map_err(|e| format!("{}: {e}", self.run_dir.join("growth.json").display()))?;
+        super::write_record(self.run_dir, &record)?;
         Ok(record)
     }
 }

@@ -81,7 +81,11 @@ fn own_allocator(elf: &[u8]) -> Result<Option<String>, String> {
         ""
     };
     if !elf_has_interpreter(elf) {
-        let what = if brand.is_empty() { "the allocator linked into a static executable".to_string() } else { brand.to_string() };
+        let what = if brand.is_empty() {
+            "the allocator linked into a static executable".to_string()
+        } else {
+            brand.to_string()
+        };
         return Ok(Some(what));
     }
     if !brand.is_empty() || defined(&|n| n == "malloc") {

@@ -11,6 +11,7 @@ point and not at another does not). One JSON object on standard output.
 """
 import json
 import sys
+import sysconfig
 
 import memray
 
@@ -54,6 +55,7 @@ def main():
                 acc[j] += halves[j]
     top = sorted(stacks.items(), key=lambda kv: -(kv[1][0] + kv[1][2]))[:200]
     out = {
+        "stdlib": sysconfig.get_paths()["stdlib"],
         "snapshots": snapshots,
         "stacks": [
             {

@@ -1,0 +1,174 @@
+//! After a run: the profiled replay that names where memory grew, for plateau's own engine
+//! (jemalloc's profiler in a child `plateau`) or for a server plateau started (memray for Python,
+//! a preloaded jemalloc for a native server); then the verdict is drawn again with the sites.
+
+use plateau_reports::Status;
+use plateau_soak::analysis::describe;
+use plateau_soak::driver::{self, RunOptions};
+use plateau_soak::external::profile::{ExternalReplay, ServerKind};
+use plateau_soak::heapprof::GrowthRecord;
+use plateau_soak::scenario::Scenario;
+
+use super::HARNESS;
+
+/// Iterations a profiled replay profiles after warm-up, unless the growth became conclusive later
+/// (then up to that iteration, so a late onset is inside the window): enough for a per-iteration
+/// figure at the byte, while sampling every allocation costs the replay several times a plain run.
+const REPLAY_ITERATIONS: u64 = 40;
+
+/// After a run whose heap failed (or with --profile), the profiled replay that names where it
+/// grew; then the verdict is drawn again with the sites. Some(exit code) when the replay could not
+/// be run (the run's verdict stays written) or the growth is in another process.
+pub fn heap_sites(r: &mut driver::RunResult, s: &Scenario, opts: &RunOptions, profile: bool) -> Option<u8> {
+    if opts.profile_window.is_some() || r.interrupted {
+        return None;
+    }
+    // A node process's heap (`decode.jemalloc.allocated`) is not replayed: the verdict says so
+    // (analysis::note_node_heaps).
+    let heap = r.verdict.metrics.iter().find(|m| m.name == "jemalloc.allocated")?;
+    if !(profile || heap.status == plateau_reports::Status::Fail) {
+        return None;
+    }
+    let start = r.verdict.warmup_iterations.max(1);
+    let end = r.iterations.min((start + REPLAY_ITERATIONS).max(heap.first_iter.unwrap_or(0)));
+    if end <= start {
+        eprintln!("plateau: no profiled replay: the run ended within its warm-up");
+        return None;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("plateau: the profiled replay cannot find this binary: {e}");
+            return Some(HARNESS);
+        }
+    };
+    let injections: Vec<String> = r.verdict.injections.clone();
+    let spec = plateau_soak::heapprof::replay::ReplaySpec {
+        exe: &exe,
+        scenario: &opts.scenario_source,
+        seed: r.verdict.seed,
+        injections: &injections,
+        start_iter: start,
+        end_iter: end,
+        run_dir: &r.out_dir,
+        metric: "jemalloc.allocated",
+        run_bytes_per_iter: heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter),
+        requests_per_iter: r.verdict.requests_per_iter,
+    };
+    eprintln!("plateau: profiling a replay of iterations {start}..{end} for the heap's allocation sites");
+    if let Err(e) = spec.run() {
+        eprint!("{}", describe(&r.verdict));
+        eprintln!("plateau: {e}; the run's verdict is in {}", r.out_dir.display());
+        return Some(HARNESS);
+    }
+    rejudge(r, s, opts)
+}
+
+/// The external target of a run, as a profiled replay needs it.
+pub struct ServerRun<'a> {
+    pub url: &'a str,
+    /// The command that started the server (None: it was given by --pid).
+    pub spawn: Option<&'a str>,
+    /// The run's other target flags, passed on to the replay as given.
+    pub target_args: Vec<String>,
+}
+
+/// The server's process memory gauges a profiled replay explains, in order of preference: memory
+/// that is the program's own (anonymous), then all of it.
+const SERVER_MEMORY: [&str; 3] = ["target.proc.rss_anon", "target.proc.rss", "target.proc.anon_bytes"];
+
+/// After a run against a server whose process memory failed (or with --profile): a profiled
+/// replay against a fresh server plateau starts (`--spawn`), which names the allocating lines.
+/// Why nothing could be named (a server given by --pid, one with its own allocator, no profiler
+/// installed) goes into the verdict instead. Some(exit code) when the verdict could not be drawn
+/// again.
+pub fn server_sites(
+    r: &mut driver::RunResult,
+    s: &Scenario,
+    opts: &RunOptions,
+    server: &ServerRun,
+    profile: bool,
+) -> Option<u8> {
+    if opts.profile_window.is_some() || r.interrupted {
+        return None;
+    }
+    let gauge = |name: &str| r.verdict.metrics.iter().find(|m| m.name == name && m.trend.is_some());
+    let failing = SERVER_MEMORY.iter().find_map(|n| gauge(n).filter(|m| m.status == Status::Fail));
+    let m = failing.or_else(|| if profile { SERVER_MEMORY.iter().find_map(|n| gauge(n)) } else { None })?;
+    let (metric, slope, first_iter) =
+        (m.name.clone(), m.trend.as_ref().map_or(0.0, |t| t.slope_per_iter), m.first_iter);
+    let start = r.verdict.warmup_iterations.max(1);
+    let end = r.iterations.min((start + REPLAY_ITERATIONS).max(first_iter.unwrap_or(0)));
+    let note = |why: String| GrowthRecord {
+        metric: metric.clone(),
+        start_iter: start,
+        end_iter: end,
+        note: Some(why),
+        ..GrowthRecord::default()
+    };
+    let record = match (server.spawn, read_kind(&r.out_dir)) {
+        _ if end <= start => note("the run ended within its warm-up: no window to replay".into()),
+        (None, _) => note(
+            "the server was given by --pid: a profiled replay starts a fresh server under a profiler, so give its command with --spawn to name the allocating line".into(),
+        ),
+        (Some(_), Err(e)) => note(e),
+        (Some(spawn), Ok(kind)) => {
+            let exe = match std::env::current_exe() {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("plateau: the profiled replay cannot find this binary: {e}");
+                    return Some(HARNESS);
+                }
+            };
+            let replay = ExternalReplay {
+                exe: &exe,
+                scenario: &opts.scenario_source,
+                seed: r.verdict.seed,
+                url: server.url,
+                spawn,
+                target_args: server.target_args.clone(),
+                start_iter: start,
+                end_iter: end,
+                run_dir: &r.out_dir,
+                metric: &metric,
+                run_bytes_per_iter: slope,
+                requests_per_iter: r.verdict.requests_per_iter,
+                kind: &kind,
+            };
+            if !matches!(kind, ServerKind::OwnAllocator { .. }) {
+                eprintln!("plateau: {}; profiling a replay of iterations {start}..{end}", kind.describe());
+            }
+            match replay.run() {
+                Ok(_) => return rejudge(r, s, opts),
+                Err(e) => note(e),
+            }
+        }
+    };
+    eprintln!("plateau: no allocating line named: {}", record.note.as_deref().unwrap_or(""));
+    if let Err(e) = plateau_soak::heapprof::write_record(&r.out_dir, &record) {
+        eprintln!("plateau: {e}");
+        return Some(HARNESS);
+    }
+    rejudge(r, s, opts)
+}
+
+/// What kind of program the server was (server.json, written while it ran).
+fn read_kind(dir: &std::path::Path) -> Result<ServerKind, String> {
+    let p = dir.join("server.json");
+    let text = std::fs::read_to_string(&p)
+        .map_err(|e| format!("{}: {e}: what kind of program the server is was not read during the run", p.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+fn rejudge(r: &mut driver::RunResult, s: &Scenario, opts: &RunOptions) -> Option<u8> {
+    match driver::rejudge(s, opts, r.interrupted) {
+        Ok(v) => {
+            r.verdict = v;
+            None
+        }
+        Err(e) => {
+            eprintln!("plateau: {e}");
+            Some(HARNESS)
+        }
+    }
+}
