@@ -22,7 +22,7 @@ if [ ! -x "$server" ]; then
     tar -xzf "$(ls "$dir"/sdist/llama_cpp_python-*.tar.gz | head -1)" -C "$dir"
     src=$(ls -d "$dir"/llama_cpp_python-*/vendor/llama.cpp | head -1)
   fi
-  PATH="$PWD/$venv/bin:$PATH" cmake -S "$src" -B "$dir/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  PATH="$PWD/$venv/bin:$PATH" cmake -S "$src" -B "$dir/llama-build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF >>"$log" 2>&1
   PATH="$PWD/$venv/bin:$PATH" cmake --build "$dir/llama-build" --target llama-server -j 2 >>"$log" 2>&1

@@ -195,7 +195,7 @@ pub struct BaselineRun {
 }
 
 /// What report.html links to, when the run directory has it.
-const LINKED_FILES: [&str; 14] = [
+const LINKED_FILES: [&str; 16] = [
     "samples.jsonl",
     "verdict.json",
     "environment.json",
@@ -210,6 +210,8 @@ const LINKED_FILES: [&str; 14] = [
     "growth.pb.gz",
     "target.log",
     "replay",
+    "shrink/story.md",
+    "shrink/minimal.toml",
 ];
 
 /// Writes verdict.json, the plots and report.html into `dir` (each whole or not at all), with a

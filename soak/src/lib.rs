@@ -40,5 +40,6 @@ pub mod pd;
 pub mod probes;
 pub mod selftest;
 pub mod serve;
+pub mod shrink;
 pub mod system;
 pub mod triggers;

@@ -20,15 +20,15 @@ not level off.\n\nExit codes: 0 pass; 1 growth or leak detected; 2 usage or inpu
 3 the engine or the harness itself failed; 4 inconclusive (too little evidence to judge: a run \
 too short for its warm-up, a metric with no quiescent values). Nothing unjudged passes."
 )]
-struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    command: Cmd,
+    pub(crate) command: Cmd,
 }
 
 // Parsed once per process: the size of `run`'s flags next to the small subcommands costs nothing.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
-enum Cmd {
+pub(crate) enum Cmd {
     /// Run a soak: SCENARIO is a .toml file or the name of a shipped scenario (see `plateau list`).
     Run(cli::run::Args),
     /// Serve plateau's engine over an OpenAI-compatible HTTP API (/v1/completions,
@@ -50,6 +50,11 @@ enum Cmd {
     /// baseline run (an earlier night): the change of level and slope per metric. Exits with the
     /// run's verdict code.
     Report(cli::report::Args),
+    /// Shrink a failing run to the smallest scenario that still fails the same way (same seed,
+    /// injections and target): phases dropped and request features turned off by delta
+    /// debugging, then fewer requests and iterations. Writes minimal.toml and story.md (what the
+    /// leak needs, what does not matter).
+    Shrink(cli::shrink::Args),
     /// Runs across nights in an SQLite database: add runs, show the trend, check for regressions.
     History(cli::history::Args),
 }
@@ -76,5 +81,6 @@ fn dispatch(cli: Cli) -> u8 {
         Cmd::Explain(a) => cli::explain::main(a),
         Cmd::Report(a) => cli::report::main(a),
         Cmd::History(a) => cli::history::main(a),
+        Cmd::Shrink(a) => cli::shrink::main(a),
     }
 }

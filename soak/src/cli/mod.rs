@@ -15,6 +15,7 @@ pub mod report;
 pub mod run;
 pub mod selftest;
 pub mod serve;
+pub mod shrink;
 pub mod sites;
 
 pub const PASS: u8 = 0;

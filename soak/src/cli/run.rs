@@ -142,6 +142,14 @@ pub struct Args {
     /// quiescent points START, halfway and END.
     #[arg(long, hide = true, value_name = "START:END", value_parser = parse_window)]
     profile_window: Option<(u64, u64)>,
+    /// Do not replay a failing heap under the profiler (a quick look; a shrink's candidates).
+    #[arg(long, conflicts_with = "profile")]
+    no_replay: bool,
+    /// End the run at the first quiescent point where the exact layer fails (a per-request
+    /// registry not back to zero, a bounded one over its capacity): a registry leak is decided
+    /// there; the gauges are not judged past it.
+    #[arg(long, conflicts_with = "until_decided")]
+    stop_on_exact_failure: bool,
     #[command(flatten)]
     external: ExternalArgs,
     #[command(flatten)]
@@ -166,6 +174,8 @@ pub fn main(a: Args) -> u8 {
         tolerance,
         profile,
         profile_window,
+        no_replay,
+        stop_on_exact_failure,
         external,
         ci,
     } = a;
@@ -213,8 +223,13 @@ pub fn main(a: Args) -> u8 {
         };
         let env = plateau_soak::environment::collect(&s, &id);
         let text = serde_json::to_string_pretty(&env).unwrap_or_default() + "\n";
+        // What `plateau shrink` replays: the scenario as it was read and the command as typed.
+        let argv = serde_json::to_string(&std::env::args().collect::<Vec<_>>()).unwrap_or_default() + "\n";
+        let write = |name: &str, bytes: &[u8]| plateau_soak::fsutil::write_atomic(&out_dir.join(name), bytes);
         if let Err(e) = std::fs::create_dir_all(&out_dir)
-            .and_then(|_| plateau_soak::fsutil::write_atomic(&out_dir.join("environment.json"), text.as_bytes()))
+            .and_then(|_| write("environment.json", text.as_bytes()))
+            .and_then(|_| write(plateau_soak::shrink::SCENARIO_FILE, s.text.as_bytes()))
+            .and_then(|_| write(plateau_soak::shrink::COMMAND_FILE, argv.as_bytes()))
         {
             eprintln!("plateau: --out {}: {e}", out_dir.display());
             return USAGE;
@@ -237,6 +252,7 @@ pub fn main(a: Args) -> u8 {
         warmup,
         tolerance,
         profile_window,
+        stop_on_exact_failure,
     };
     let result = match &external.target {
         Some(url) => {
@@ -270,6 +286,7 @@ pub fn main(a: Args) -> u8 {
     match result {
         Ok(mut r) => {
             let named = match &external.target {
+                _ if no_replay => None,
                 None => super::sites::heap_sites(&mut r, &s, &opts, profile),
                 Some(url) => super::sites::server_sites(&mut r, &s, &opts, &external.replay_of(url), profile),
             };
@@ -354,4 +371,46 @@ fn parse_window(s: &str) -> Result<(u64, u64), String> {
         return Err(format!("`{s}`: START must come before END"));
     }
     Ok((a, b))
+}
+
+impl Args {
+    /// What `plateau shrink` replays of this run: its scenario and seed, the flags that shape it
+    /// (backend, injections, warm-up, tolerance, sampling, the target's settings) and the target.
+    pub fn origin(&self) -> plateau_soak::shrink::Origin {
+        let mut flags = Vec::new();
+        let mut flag = |name: &str, value: Option<String>| {
+            if let Some(v) = value {
+                flags.extend([name.to_string(), v]);
+            }
+        };
+        flag("--backend", self.backend.clone());
+        flag("--warmup", self.warmup.map(|w| w.to_string()));
+        flag("--tolerance", self.tolerance.map(|t| t.to_string()));
+        flag("--sample-interval-ms", self.sample_interval_ms.map(|ms| ms.to_string()));
+        for i in &self.inject {
+            flag("--inject", Some(i.name().to_string()));
+        }
+        let x = &self.external;
+        if x.target.is_some() {
+            flag("--pid", x.pid.map(|p| p.to_string()));
+            flag("--metrics-map", x.metrics_map.as_ref().map(|m| m.display().to_string()));
+            flag("--concurrency", Some(x.concurrency.to_string()));
+            flag("--ready-timeout-s", Some(x.ready_timeout_s.to_string()));
+            flag("--settle-timeout-ms", Some(x.settle_timeout_ms.to_string()));
+            flag("--request-timeout-s", Some(x.request_timeout_s.to_string()));
+            for (k, v) in &x.spawn_env {
+                flag("--spawn-env", Some(format!("{k}={v}")));
+            }
+        }
+        if self.pd_processes {
+            flags.push("--pd-processes".into());
+        }
+        plateau_soak::shrink::Origin {
+            scenario: self.scenario.clone(),
+            injections: self.inject.iter().map(|i| i.name().to_string()).collect(),
+            flags,
+            target: x.target.clone(),
+            spawn: x.spawn.clone(),
+        }
+    }
 }

@@ -75,6 +75,10 @@ pub struct RunOptions {
     /// A profiled replay (the child side): the window's first and last quiescent points; the
     /// target marks them and the middle one (`Target::mark_window`).
     pub profile_window: Option<(u64, u64)>,
+    /// `--stop-on-exact-failure`: end the run at the first quiescent point where the exact layer
+    /// fails (a shrink's candidates: a registry leak is decided there, and the gauges need not
+    /// be judged).
+    pub stop_on_exact_failure: bool,
 }
 
 /// Why a run could not produce a verdict: bad input (exit 2) or the engine/harness failed (exit 3).

@@ -8,11 +8,12 @@
 //! growth that was conclusive before the failure (a target killed by its own leak) is the run's
 //! finding. The samples are complete on disk before the verdict is drawn.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use plateau_reports::{Header, Status, Verdict, SAMPLES_SCHEMA};
+use plateau_reports::{Header, Kind, MetricSpec, Status, Verdict, SAMPLES_SCHEMA};
 
 use super::plan;
 use super::sink::Sink;
@@ -60,7 +61,14 @@ pub fn run_with(
         injections: opts.injections.iter().map(|i| i.name().to_string()).collect(),
     };
     let mut sink = Sink::create(&samples_path, &header, plan.interval)?;
-    let mut state = LoopState { planned: plan.limit, extensions: Vec::new(), done: 0, interrupted: false };
+    let mut state = LoopState {
+        planned: plan.limit,
+        extensions: Vec::new(),
+        done: 0,
+        interrupted: false,
+        specs: header.metrics.clone(),
+        exact_failure: None,
+    };
     let mut snapshots = crate::mappings::Snapshots::default();
     let outcome = iterate(scenario, opts, plan, target, &mut sink, &mut state, &mut snapshots);
     let _harness = HarnessScope::enter();
@@ -94,6 +102,12 @@ pub fn run_with(
     if let Some(cap) = opts.until_decided {
         verdict.warnings.push(until_decided_story(plan.limit, &state.extensions, cap, &verdict));
     }
+    if let Some((iter, what)) = &state.exact_failure {
+        verdict.warnings.push(format!(
+            "stopped at iteration {iter} of {}: {what} (--stop-on-exact-failure); the gauges were not judged past it",
+            plan.limit
+        ));
+    }
     write_json(&opts.out_dir.join("verdict.json"), &verdict)?;
     let result = |verdict, interrupted| RunResult {
         verdict,
@@ -126,6 +140,25 @@ struct LoopState {
     /// Iterations done.
     done: u64,
     interrupted: bool,
+    /// The header's metrics, for `--stop-on-exact-failure`.
+    specs: BTreeMap<String, MetricSpec>,
+    /// `--stop-on-exact-failure`: the iteration the run stopped at, and what failed there.
+    exact_failure: Option<(u64, String)>,
+}
+
+/// What fails the exact layer in one quiescent probe, if anything: a per-request registry not
+/// back to zero, a bounded one over its capacity (the detector's rules, seen as they happen).
+fn exact_failure(specs: &BTreeMap<String, MetricSpec>, p: &super::sink::Probe) -> Option<String> {
+    specs.iter().find_map(|(name, spec)| {
+        let v = *p.values.get(name)?;
+        match spec.kind {
+            Kind::PerRequest if v != 0.0 => Some(format!("{name} holds {v} entries with nothing in flight")),
+            Kind::Bounded if spec.capacity.is_some_and(|c| v > c as f64) => {
+                Some(format!("{name} at {v}, over its capacity {}", spec.capacity.unwrap_or(0)))
+            }
+            _ => None,
+        }
+    })
 }
 
 fn iterate(
@@ -163,6 +196,7 @@ fn iterate(
         // The rest of the iteration is the harness's: sampling, snapshots, progress, judging.
         let _harness = HarnessScope::enter();
         let p = target.probe(iter, true)?;
+        let failed_exactly = if opts.stop_on_exact_failure { exact_failure(&state.specs, &p) } else { None };
         sink.write(iter, true, p)?;
         if iter == plan.warmup.max(1) {
             snapshots.start_iter = iter;
@@ -187,6 +221,10 @@ fn iterate(
         }
         if opts.interrupt.load(Ordering::Relaxed) {
             state.interrupted = true;
+            break;
+        }
+        if let Some(what) = failed_exactly {
+            state.exact_failure = Some((iter, what));
             break;
         }
         if let Some(cap) = opts.until_decided.filter(|_| iter == state.planned) {

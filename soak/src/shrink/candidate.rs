@@ -1,0 +1,267 @@
+//! A shrink's candidates: each a scenario (TOML) run by `plateau run` in a child process with the
+//! original run's seed, injections and target, judged by its own verdict.json.
+//!
+//! Lifecycle: a batch of candidates comes in (one ddmin round); each is rendered to text, and a
+//! text seen before is answered from the record without running; a text that is not a valid
+//! scenario is recorded as such (it cannot fail the same way); the rest run `jobs` at a time,
+//! each in candidates/NNN/ of the shrink's directory, numbered in the batch's order so that the
+//! record reads the same however many ran at once. After the budget runs out nothing more runs:
+//! candidates are answered "not run", which no ddmin step takes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use plateau_reports::{Status, Verdict};
+use toml::Table;
+
+use super::Origin;
+
+/// What failed in the run being shrunk, and so what a candidate must fail on to fail the same way:
+/// the exact layer's failures (registries, idle self-checks) where there are any, since they are
+/// decided without statistics at the first iteration they appear; else the failing gauges.
+#[derive(Debug, Clone)]
+pub struct Signature {
+    pub metrics: Vec<String>,
+    pub exact: bool,
+}
+
+impl Signature {
+    pub fn of(v: &Verdict) -> Option<Signature> {
+        let failing = |exact: bool| -> Vec<String> {
+            v.metrics
+                .iter()
+                .filter(|m| m.status == Status::Fail && is_exact(&m.kind) == exact)
+                .map(|m| m.name.clone())
+                .collect()
+        };
+        let exact = failing(true);
+        if !exact.is_empty() {
+            return Some(Signature { metrics: exact, exact: true });
+        }
+        let gauges = failing(false);
+        (!gauges.is_empty()).then_some(Signature { metrics: gauges, exact: false })
+    }
+
+    /// The signature's metrics a verdict fails on.
+    pub fn matched(&self, v: &Verdict) -> Vec<String> {
+        v.metrics
+            .iter()
+            .filter(|m| m.status == Status::Fail && self.metrics.contains(&m.name))
+            .map(|m| m.name.clone())
+            .collect()
+    }
+}
+
+/// The exact layer's kinds: decided without statistics.
+fn is_exact(kind: &str) -> bool {
+    matches!(kind, "per_request" | "bounded" | "counter" | "check")
+}
+
+/// One candidate's result, as the story and shrink.json give it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Record {
+    pub id: usize,
+    /// What this candidate changed from the best failing scenario so far.
+    pub change: String,
+    /// pass, warn, fail, inconclusive; "invalid" (not a scenario), "error" (exit 2 or 3), or
+    /// "not run" (the budget was spent).
+    pub verdict: String,
+    /// It failed on a metric of the signature.
+    pub same_way: bool,
+    /// The metrics it failed on.
+    pub failing: Vec<String>,
+    /// The signature's metrics and how this candidate judged them ("registry.sequences: pass").
+    pub signature: Vec<String>,
+    pub iterations: u64,
+    pub secs: f64,
+    /// Why it did not run or did not end in a verdict.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub note: String,
+}
+
+/// How candidates run: with the original run's seed, flags and target, into `dir`.
+pub struct Setup<'a> {
+    pub exe: PathBuf,
+    pub origin: &'a Origin,
+    pub seed: u64,
+    pub signature: Signature,
+    pub dir: PathBuf,
+    /// Candidates running at once (at least 1).
+    pub jobs: usize,
+    /// No candidate starts after this.
+    pub deadline: Instant,
+    pub quiet: bool,
+}
+
+/// Runs candidates and keeps their record.
+pub struct Runner<'a> {
+    pub setup: Setup<'a>,
+    pub records: Vec<Record>,
+    /// Candidate text to its record's index.
+    seen: BTreeMap<String, usize>,
+    /// The budget ran out at least once: the result may not be minimal.
+    pub out_of_budget: bool,
+}
+
+/// What one child run needs, prepared before the batch runs in parallel.
+struct Job {
+    record: usize,
+    text: String,
+    iterations: u64,
+}
+
+impl<'a> Runner<'a> {
+    pub fn new(setup: Setup<'a>) -> Self {
+        Runner { setup, records: Vec::new(), seen: BTreeMap::new(), out_of_budget: false }
+    }
+
+    /// Judges a batch: for each (change, scenario), whether it fails the same way. Returns the
+    /// record index of each too.
+    pub fn judge(&mut self, batch: &[(String, Table)]) -> Vec<(bool, usize)> {
+        let mut jobs = Vec::new();
+        let mut answer = Vec::with_capacity(batch.len());
+        for (change, doc) in batch {
+            let text = super::features::render(doc);
+            if let Some(&k) = self.seen.get(&text) {
+                answer.push(k);
+                continue;
+            }
+            let iterations = super::features::length(doc).unwrap_or(0);
+            let mut rec = Record {
+                id: self.records.len(),
+                change: change.clone(),
+                verdict: String::new(),
+                same_way: false,
+                failing: Vec::new(),
+                signature: Vec::new(),
+                iterations,
+                secs: 0.0,
+                note: String::new(),
+            };
+            if let Err(e) = plateau_scenario::Scenario::parse(&text, "candidate.toml") {
+                rec.verdict = "invalid".into();
+                rec.note = e.to_string();
+            } else if Instant::now() >= self.setup.deadline {
+                rec.verdict = "not run".into();
+                rec.note = "the budget was spent".into();
+                self.out_of_budget = true;
+            } else {
+                jobs.push(Job { record: rec.id, text: text.clone(), iterations });
+            }
+            self.seen.insert(text, rec.id);
+            answer.push(rec.id);
+            self.records.push(rec);
+        }
+        self.run_all(jobs);
+        answer.into_iter().map(|k| (self.records[k].same_way, k)).collect()
+    }
+
+    /// Runs the jobs `self.jobs` at a time and fills their records.
+    fn run_all(&mut self, jobs: Vec<Job>) {
+        let next = AtomicUsize::new(0);
+        let done: Vec<Mutex<Option<Record>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+        let this = &self.setup;
+        let records = &self.records;
+        std::thread::scope(|scope| {
+            for _ in 0..this.jobs.max(1).min(jobs.len()) {
+                scope.spawn(|| loop {
+                    let k = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(job) = jobs.get(k) else { break };
+                    let rec = this.run_one(records[job.record].clone(), job);
+                    if !this.quiet {
+                        eprintln!(
+                            "plateau: shrink: candidate {} ({}): {}{} in {:.1} s",
+                            rec.id,
+                            rec.change,
+                            rec.verdict,
+                            if rec.same_way { ", fails the same way" } else { "" },
+                            rec.secs
+                        );
+                    }
+                    *done[k].lock().expect("no job panics holding the lock") = Some(rec);
+                });
+            }
+        });
+        for slot in done {
+            if let Some(rec) = slot.into_inner().expect("no job panics holding the lock") {
+                let id = rec.id;
+                self.records[id] = rec;
+            }
+        }
+    }
+}
+
+impl Setup<'_> {
+    fn run_one(&self, mut rec: Record, job: &Job) -> Record {
+        let dir = self.dir.join("candidates").join(format!("{:03}", rec.id));
+        let scenario = dir.join("scenario.toml");
+        if let Err(e) = std::fs::create_dir_all(&dir).and_then(|_| std::fs::write(&scenario, &job.text)) {
+            rec.verdict = "error".into();
+            rec.note = format!("{}: {e}", dir.display());
+            return rec;
+        }
+        let out = dir.join("run");
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("run").arg(&scenario).args(["--seed", &self.seed.to_string()]);
+        cmd.args(["--iterations", &job.iterations.max(1).to_string(), "--quiet", "--no-replay"]);
+        cmd.arg("--out").arg(&out).args(&self.origin.flags);
+        if self.signature.exact {
+            cmd.arg("--stop-on-exact-failure");
+        }
+        if self.origin.target.is_some() {
+            let (url, spawn) = self.origin.own_server();
+            cmd.args(["--target", &url]);
+            if let Some(s) = spawn {
+                cmd.args(["--spawn", &s]);
+            }
+        }
+        let t0 = Instant::now();
+        let output = cmd.output();
+        rec.secs = t0.elapsed().as_secs_f64();
+        let output = match output {
+            Ok(o) => o,
+            Err(e) => {
+                rec.verdict = "error".into();
+                rec.note = format!("cannot run {}: {e}", self.exe.display());
+                return rec;
+            }
+        };
+        let code = output.status.code();
+        let verdict = read_verdict(&out);
+        match (code, verdict) {
+            (Some(0 | 1 | 4), Ok(v)) => {
+                rec.failing = v.metrics.iter().filter(|m| m.status == Status::Fail).map(|m| m.name.clone()).collect();
+                rec.same_way = !self.signature.matched(&v).is_empty();
+                rec.signature = v
+                    .metrics
+                    .iter()
+                    .filter(|m| self.signature.metrics.contains(&m.name))
+                    .map(|m| format!("{}: {}", m.name, m.status.as_str()))
+                    .collect();
+                rec.verdict = v.verdict.as_str().to_string();
+                rec.iterations = v.iterations;
+            }
+            (code, _) => {
+                let err = String::from_utf8_lossy(&output.stderr);
+                rec.verdict = "error".into();
+                rec.note = format!(
+                    "exit {}: {}",
+                    code.map_or("by a signal".to_string(), |c| c.to_string()),
+                    err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
+                );
+            }
+        }
+        rec
+    }
+}
+
+/// A run directory's verdict.json.
+pub fn read_verdict(dir: &Path) -> Result<Verdict, String> {
+    let path = dir.join("verdict.json");
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+}

@@ -1,0 +1,216 @@
+//! A shrink's outputs: minimal.toml (a scenario anyone can run, its replay command at the top),
+//! story.md (what the leak needs, what does not matter, every candidate with its verdict and
+//! time) and shrink.json (the same for programs).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use toml::Table;
+
+use super::features::{self, Feature};
+use super::{Origin, Record, Search, Signature};
+
+/// What the minimal scenario was checked without, one part at a time.
+pub struct Check {
+    /// "phase 2 (batch: ...)" or a feature's name.
+    pub part: String,
+    /// "without phase 2", "with n = 1".
+    pub off: String,
+    /// The candidate that ran it.
+    pub record: usize,
+    pub still_fails: bool,
+}
+
+/// Runs the minimal scenario without each of its phases (where it has more than one) and without
+/// each of its features, one at a time, as one batch: 1-minimality, checked and recorded.
+pub fn one_minimal_checks(search: &mut Search, length: u64, seed: u64) -> Vec<Check> {
+    // At the original run's length: "passes with n = 1" is then as strong a claim as the
+    // run's own verdict, however short the minimal scenario became.
+    let best = features::with_length(&search.best, length, seed);
+    let phases = features::phase_count(&best);
+    let mut parts = Vec::new();
+    if phases > 1 {
+        for p in 0..phases {
+            let keep: Vec<usize> = (0..phases).filter(|&q| q != p).collect();
+            let part = format!("phase {} ({})", p + 1, features::describe_phase(&best, p));
+            parts.push((part, format!("without phase {}", p + 1), features::with_phases(&best, &keep)));
+        }
+    }
+    for f in features::features(&best) {
+        parts.push((f.name(), f.off(), features::without(&best, std::slice::from_ref(&f))));
+    }
+    let batch: Vec<(String, Table)> =
+        parts.iter().map(|(_, off, doc)| (format!("check: {off}"), doc.clone())).collect();
+    let judged = search.runner.judge(&batch);
+    parts
+        .into_iter()
+        .zip(judged)
+        .map(|((part, off, _), (still_fails, record))| Check { part, off, record, still_fails })
+        .collect()
+}
+
+pub struct Inputs<'a> {
+    pub run_dir: &'a Path,
+    pub out_dir: &'a Path,
+    pub origin: &'a Origin,
+    pub signature: &'a Signature,
+    pub original: &'a Table,
+    pub minimal: &'a Table,
+    pub checks: &'a [Check],
+    pub records: &'a [Record],
+    pub out_of_budget: bool,
+    pub secs: f64,
+}
+
+/// The command that runs the minimal scenario as the original ran.
+fn replay(i: &Inputs) -> String {
+    let mut cmd = format!("plateau run {}", i.out_dir.join("minimal.toml").display());
+    for f in &i.origin.flags {
+        if f.starts_with("--") {
+            cmd.push_str(&format!(" {f}"));
+        } else {
+            cmd.push_str(&format!(" {}", shell_word(f)));
+        }
+    }
+    if let Some(t) = &i.origin.target {
+        cmd.push_str(&format!(" --target {t}"));
+    }
+    if let Some(s) = &i.origin.spawn {
+        cmd.push_str(&format!(" --spawn {}", shell_word(s)));
+    }
+    cmd
+}
+
+fn shell_word(s: &str) -> String {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:=@%+,".contains(&b)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+fn size(doc: &Table) -> String {
+    let n = |k: u64, one: &str, many: &str| format!("{k} {}", if k == 1 { one } else { many });
+    format!(
+        "{}, {}, {} per iteration",
+        n(features::phase_count(doc) as u64, "phase", "phases"),
+        n(features::length(doc).unwrap_or(0), "iteration", "iterations"),
+        n(features::batch_requests(doc), "batch request", "batch requests")
+    )
+}
+
+/// Writes minimal.toml, story.md and shrink.json into the shrink's directory; returns the story.
+pub fn write(i: &Inputs) -> Result<String, String> {
+    let run_secs: f64 = i.records.iter().map(|r| r.secs).sum();
+    let ran = i.records.iter().filter(|r| r.secs > 0.0).count();
+    let kept: Vec<&Check> = i.checks.iter().filter(|c| !c.still_fails).collect();
+    let loose: Vec<&Check> = i.checks.iter().filter(|c| c.still_fails).collect();
+    let gone: Vec<String> = features::features(i.original)
+        .into_iter()
+        .filter(|f| !features::features(i.minimal).contains(f))
+        .map(|f: Feature| f.name())
+        .collect();
+    let what = if i.signature.exact { "the exact layer" } else { "a trend" };
+    let mut s = String::new();
+    let _ = writeln!(s, "# What the leak needs\n");
+    let _ = writeln!(
+        s,
+        "Shrunk `{}` from {} to {}, in {ran} candidate runs ({:.0} s of runs, {:.0} s of wall time).\n",
+        i.run_dir.display(),
+        size(i.original),
+        size(i.minimal),
+        run_secs,
+        i.secs
+    );
+    let _ = writeln!(
+        s,
+        "It fails the same way: on {} ({what}), with seed {} and {}.\n",
+        i.signature.metrics.join(", "),
+        features::seed(i.minimal).unwrap_or(0),
+        if i.origin.injections.is_empty() { "no injection".to_string() } else { i.origin.injections.join(", ") }
+    );
+    if i.out_of_budget {
+        let _ = writeln!(s, "**The budget ran out**: some candidates were not run, so this may not be minimal.\n");
+    }
+    let _ = writeln!(
+        s,
+        "## Needed: without any one of these it does not fail (each checked at the run's length, {} iterations)\n",
+        features::length(i.original).unwrap_or(0)
+    );
+    for c in &kept {
+        let r = &i.records[c.record];
+        let _ = writeln!(s, "- {}: {} it {} (candidate {})", c.part, c.off, outcome(r), r.id);
+    }
+    if kept.is_empty() {
+        let _ = writeln!(s, "- nothing beyond one phase of requests: any request of it triggers the leak");
+    }
+    if !loose.is_empty() {
+        let _ = writeln!(s, "\nStill failing without these (a budget cut short the search):\n");
+        for c in &loose {
+            let _ = writeln!(s, "- {}: {} it still fails (candidate {})", c.part, c.off, i.records[c.record].id);
+        }
+    }
+    let _ = writeln!(s, "\n## Does not matter\n");
+    let dropped = features::phase_count(i.original) - features::phase_count(i.minimal);
+    let _ = writeln!(s, "- {dropped} of the {} phases were dropped", features::phase_count(i.original));
+    if !gone.is_empty() {
+        let _ = writeln!(s, "- turned off and still failing: {}", gone.join(", "));
+    }
+    let _ = writeln!(s, "\n## Replay\n\n```\n{}\n```\n", replay(i));
+    let _ = writeln!(s, "## Candidates\n");
+    let _ = writeln!(s, "| # | change | verdict | fails on | iterations | seconds |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for r in i.records {
+        let verdict = if r.note.is_empty() { r.verdict.clone() } else { format!("{}: {}", r.verdict, r.note) };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {}{} | {} | {} | {:.1} |",
+            r.id,
+            r.change.replace('|', "\\|"),
+            verdict.replace('|', "\\|"),
+            if r.same_way { " (same way)" } else { "" },
+            r.failing.join(", "),
+            r.iterations,
+            r.secs
+        );
+    }
+    let minimal = format!(
+        "# The smallest scenario found by `plateau shrink {}` that still fails on {}.\n# Replay: {}\n\n{}",
+        i.run_dir.display(),
+        i.signature.metrics.join(", "),
+        replay(i),
+        features::render(i.minimal)
+    );
+    let json = serde_json::json!({
+        "schema": "plateau.shrink.v1",
+        "run": i.run_dir.display().to_string(),
+        "signature": { "metrics": i.signature.metrics, "exact": i.signature.exact },
+        "needed": kept.iter().map(|c| &c.part).collect::<Vec<_>>(),
+        "turned_off": gone,
+        "replay": replay(i),
+        "out_of_budget": i.out_of_budget,
+        "wall_secs": i.secs,
+        "candidates": i.records,
+    });
+    let put = |name: &str, text: &str| {
+        crate::fsutil::write_atomic(&i.out_dir.join(name), text.as_bytes())
+            .map_err(|e| format!("{}: {e}", i.out_dir.join(name).display()))
+    };
+    put("minimal.toml", &minimal)?;
+    put("story.md", &s)?;
+    put("shrink.json", &(serde_json::to_string_pretty(&json).map_err(|e| e.to_string())? + "\n"))?;
+    Ok(s)
+}
+
+fn outcome(r: &Record) -> String {
+    let judged = if r.signature.is_empty() { String::new() } else { format!(": {}", r.signature.join(", ")) };
+    match r.verdict.as_str() {
+        "pass" => format!("passes{judged}"),
+        "warn" => format!("passes with a warning{judged}"),
+        "inconclusive" => format!("does not fail{judged} (the run is inconclusive overall)"),
+        "fail" => format!("fails only on {}", r.failing.join(", ")),
+        other => {
+            format!("does not run ({other}{})", if r.note.is_empty() { String::new() } else { format!(": {}", r.note) })
+        }
+    }
+}
