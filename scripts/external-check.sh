@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Soaks a real OpenAI-compatible server this project did not write: llama.cpp's `llama-server`, built
-# from the source PyPI's llama-cpp-python carries, on a tiny GGUF model this script writes (cached
-# under target/external/; the first run builds for about 10 minutes on 2 cores). Each text scenario
-# (n-sampling, aborts without its image phase, prefill-only) runs at its default length against
-# llama-server and against `plateau serve`, both spawned by plateau on 127.0.0.1; the script prints
-# both verdicts and the servers' RssAnon slopes.
+# (RelWithDebInfo, so its lines can be named) from the source PyPI's llama-cpp-python carries, on a
+# tiny GGUF model this script writes (cached under target/external/; the first run builds for about
+# 10 minutes on 2 cores). Each text scenario (n-sampling, aborts without its image phase,
+# prefill-only) runs at its default length against llama-server (its default --cache-ram) and
+# against `plateau serve`, both spawned by plateau on 127.0.0.1; the script prints both verdicts,
+# the servers' RssAnon slopes and, where process memory failed, the allocating functions the
+# profiled replay named (llama-server under a preloaded libjemalloc2; plateau serve has its own
+# allocator, which the verdict says).
 #   scripts/external-check.sh [SCENARIO...]
 # Exits 0 when every run ended in a verdict (pass, fail or inconclusive: exit 0, 1 or 4: what the
 # server does is the finding, not the check) and plateau serve passed every scenario.
@@ -58,7 +61,7 @@ for s in $scenarios; do
     code=$?
     secs=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
     echo "$s against $who: exit $code in $secs s"
-    grep -E '^verdict:|iterations in|2xx to' "$out.log" | sed 's/^/  /'
+    grep -E '^verdict:|iterations in|2xx to|where: site:|no allocating line' "$out.log" | sed 's/^/  /'
     echo "  server RssAnon: $(slope "$out")"
     case $code in 0|1|4) ;; *) ok=0; echo "  no verdict: $(tail -2 "$out.log")";; esac
     [ "$who" = plateau-serve ] && [ "$code" != 0 ] && ok=0

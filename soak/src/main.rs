@@ -55,6 +55,10 @@ pub(crate) enum Cmd {
     /// debugging, then fewer requests and iterations. Writes minimal.toml and story.md (what the
     /// leak needs, what does not matter).
     Shrink(cli::shrink::Args),
+    /// Property-test an engine over a scenario's features: random mixes of its phases and
+    /// request features, each a short soak judged by the exact layer (registries and in-flight
+    /// gauges back to zero at quiescence); the first failing mix is shrunk as `shrink` does.
+    Fuzz(cli::fuzz::Args),
     /// Runs across nights in an SQLite database: add runs, show the trend, check for regressions.
     History(cli::history::Args),
 }
@@ -82,5 +86,6 @@ fn dispatch(cli: Cli) -> u8 {
         Cmd::Report(a) => cli::report::main(a),
         Cmd::History(a) => cli::history::main(a),
         Cmd::Shrink(a) => cli::shrink::main(a),
+        Cmd::Fuzz(a) => cli::fuzz::main(a),
     }
 }

@@ -8,6 +8,7 @@ use plateau_soak::driver::RunError;
 
 pub mod analyze;
 pub mod explain;
+pub mod fuzz;
 pub mod history;
 pub mod list;
 pub mod node;

@@ -390,27 +390,39 @@ impl Args {
         for i in &self.inject {
             flag("--inject", Some(i.name().to_string()));
         }
-        let x = &self.external;
-        if x.target.is_some() {
-            flag("--pid", x.pid.map(|p| p.to_string()));
-            flag("--metrics-map", x.metrics_map.as_ref().map(|m| m.display().to_string()));
-            flag("--concurrency", Some(x.concurrency.to_string()));
-            flag("--ready-timeout-s", Some(x.ready_timeout_s.to_string()));
-            flag("--settle-timeout-ms", Some(x.settle_timeout_ms.to_string()));
-            flag("--request-timeout-s", Some(x.request_timeout_s.to_string()));
-            for (k, v) in &x.spawn_env {
-                flag("--spawn-env", Some(format!("{k}={v}")));
-            }
-        }
         if self.pd_processes {
             flags.push("--pd-processes".into());
         }
+        self.external.origin(&self.scenario, &self.inject, flags)
+    }
+}
+
+impl ExternalArgs {
+    /// A shrink's or a fuzz's origin: `flags`, then this target's settings (without the target
+    /// and its command, which each candidate gets on its own port).
+    pub fn origin(&self, scenario: &str, inject: &[Injection], mut flags: Vec<String>) -> plateau_soak::shrink::Origin {
+        let mut flag = |name: &str, value: Option<String>| {
+            if let Some(v) = value {
+                flags.extend([name.to_string(), v]);
+            }
+        };
+        if self.target.is_some() {
+            flag("--pid", self.pid.map(|p| p.to_string()));
+            flag("--metrics-map", self.metrics_map.as_ref().map(|m| m.display().to_string()));
+            flag("--concurrency", Some(self.concurrency.to_string()));
+            flag("--ready-timeout-s", Some(self.ready_timeout_s.to_string()));
+            flag("--settle-timeout-ms", Some(self.settle_timeout_ms.to_string()));
+            flag("--request-timeout-s", Some(self.request_timeout_s.to_string()));
+            for (k, v) in &self.spawn_env {
+                flag("--spawn-env", Some(format!("{k}={v}")));
+            }
+        }
         plateau_soak::shrink::Origin {
-            scenario: self.scenario.clone(),
-            injections: self.inject.iter().map(|i| i.name().to_string()).collect(),
+            scenario: scenario.to_string(),
+            injections: inject.iter().map(|i| i.name().to_string()).collect(),
             flags,
-            target: x.target.clone(),
-            spawn: x.spawn.clone(),
+            target: self.target.clone(),
+            spawn: self.spawn.clone(),
         }
     }
 }

@@ -28,6 +28,10 @@ pub use engine::{build_engine, build_system, resolve_backend, EngineTarget};
 pub use run_loop::{run_with, RunPlan};
 pub use target::Target;
 
+/// How a verdict's warning marks a run that `--stop-on-exact-failure` ended before its planned
+/// length (a shrink replays such a run at the length it planned).
+pub const STOPPED_ON_EXACT_FAILURE: &str = "(--stop-on-exact-failure)";
+
 /// Iterations a duration-bound run may take at most.
 pub const MAX_ITERATIONS: u64 = 100_000_000;
 

@@ -104,8 +104,9 @@ pub fn run_with(
     }
     if let Some((iter, what)) = &state.exact_failure {
         verdict.warnings.push(format!(
-            "stopped at iteration {iter} of {}: {what} (--stop-on-exact-failure); the gauges were not judged past it",
-            plan.limit
+            "stopped at iteration {iter} of {}: {what} {}; the gauges were not judged past it",
+            plan.limit,
+            super::STOPPED_ON_EXACT_FAILURE
         ));
     }
     write_json(&opts.out_dir.join("verdict.json"), &verdict)?;

@@ -46,13 +46,22 @@ impl Signature {
         (!gauges.is_empty()).then_some(Signature { metrics: gauges, exact: false })
     }
 
+    /// Any failure of the exact layer (`plateau fuzz`: what a case must not do).
+    pub fn any_exact() -> Signature {
+        Signature { metrics: Vec::new(), exact: true }
+    }
+
+    fn covers(&self, m: &plateau_reports::MetricVerdict) -> bool {
+        if self.metrics.is_empty() {
+            self.exact && is_exact(&m.kind)
+        } else {
+            self.metrics.contains(&m.name)
+        }
+    }
+
     /// The signature's metrics a verdict fails on.
     pub fn matched(&self, v: &Verdict) -> Vec<String> {
-        v.metrics
-            .iter()
-            .filter(|m| m.status == Status::Fail && self.metrics.contains(&m.name))
-            .map(|m| m.name.clone())
-            .collect()
+        v.metrics.iter().filter(|m| m.status == Status::Fail && self.covers(m)).map(|m| m.name.clone()).collect()
     }
 }
 
@@ -95,6 +104,8 @@ pub struct Setup<'a> {
     /// No candidate starts after this.
     pub deadline: Instant,
     pub quiet: bool,
+    /// How a progress line names a candidate: "shrink: candidate", "fuzz: case".
+    pub label: &'static str,
 }
 
 /// Runs candidates and keeps their record.
@@ -174,7 +185,8 @@ impl<'a> Runner<'a> {
                     let rec = this.run_one(records[job.record].clone(), job);
                     if !this.quiet {
                         eprintln!(
-                            "plateau: shrink: candidate {} ({}): {}{} in {:.1} s",
+                            "plateau: {} {} ({}): {}{} in {:.1} s",
+                            this.label,
                             rec.id,
                             rec.change,
                             rec.verdict,
@@ -239,7 +251,9 @@ impl Setup<'_> {
                 rec.signature = v
                     .metrics
                     .iter()
-                    .filter(|m| self.signature.metrics.contains(&m.name))
+                    .filter(|m| {
+                        self.signature.covers(m) && (m.status == Status::Fail || !self.signature.metrics.is_empty())
+                    })
                     .map(|m| format!("{}: {}", m.name, m.status.as_str()))
                     .collect();
                 rec.verdict = v.verdict.as_str().to_string();

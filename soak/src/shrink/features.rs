@@ -86,6 +86,11 @@ pub fn phase_count(doc: &Table) -> usize {
     phases(doc).len()
 }
 
+/// The kinds of the scenario's phases, in order: "batch", "pressure", "sleep".
+pub fn phase_kinds(doc: &Table) -> Vec<String> {
+    phases(doc).iter().filter_map(Value::as_table).map(|t| kind(t).to_string()).collect()
+}
+
 /// One phase in a line: "batch: 8 requests, n = 2, abort:decode 25%".
 pub fn describe_phase(doc: &Table, index: usize) -> String {
     let Some(t) = phases(doc).get(index).and_then(Value::as_table) else { return "?".into() };

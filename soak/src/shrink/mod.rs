@@ -24,6 +24,7 @@
 mod candidate;
 pub mod ddmin;
 pub mod features;
+pub mod fuzz;
 mod story;
 
 use std::path::{Path, PathBuf};
@@ -264,7 +265,12 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
         ))
     })?;
     let original = read_scenario(&opts.run_dir, origin)?;
-    let start = features::with_length(&original, verdict.iterations.max(1), verdict.seed);
+    // A run that stopped at its exact-layer failure (a fuzz case) is replayed at the length it
+    // planned, so that the checks of what the leak needs run as long as it meant to.
+    let stopped = verdict.warnings.iter().any(|w| w.contains(crate::driver::STOPPED_ON_EXACT_FAILURE));
+    let planned = features::length(&original).filter(|_| stopped).unwrap_or(0);
+    let length = verdict.iterations.max(planned).max(1);
+    let start = features::with_length(&original, length, verdict.seed);
     std::fs::create_dir_all(&opts.out_dir)
         .map_err(|e| ShrinkError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
     let jobs = if origin.target.is_some() && !origin.own_servers() { 1 } else { opts.jobs.max(1) };
@@ -277,6 +283,7 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
         jobs,
         deadline: t0 + opts.budget,
         quiet: opts.quiet,
+        label: "shrink: candidate",
     };
     let mut search = Search { runner: Runner::new(setup), best: start.clone() };
     let replayed = search.runner.judge(&[("the run as it was".into(), start.clone())]);
@@ -307,7 +314,7 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
     search.turn_off_features();
     search.halve_while_failing("requests", features::halve_requests);
     search.halve_while_failing("length", halve_length);
-    let checks = story::one_minimal_checks(&mut search, verdict.iterations.max(1), verdict.seed);
+    let checks = story::one_minimal_checks(&mut search, length, verdict.seed);
     rename(&mut search.best, &signature, &checks);
     let minimal = search.best.clone();
     let out_of_budget = search.runner.out_of_budget;

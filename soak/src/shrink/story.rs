@@ -89,13 +89,16 @@ fn shell_word(s: &str) -> String {
     }
 }
 
+fn count(k: u64, one: &str, many: &str) -> String {
+    format!("{k} {}", if k == 1 { one } else { many })
+}
+
 fn size(doc: &Table) -> String {
-    let n = |k: u64, one: &str, many: &str| format!("{k} {}", if k == 1 { one } else { many });
     format!(
         "{}, {}, {} per iteration",
-        n(features::phase_count(doc) as u64, "phase", "phases"),
-        n(features::length(doc).unwrap_or(0), "iteration", "iterations"),
-        n(features::batch_requests(doc), "batch request", "batch requests")
+        count(features::phase_count(doc) as u64, "phase", "phases"),
+        count(features::length(doc).unwrap_or(0), "iteration", "iterations"),
+        count(features::batch_requests(doc), "batch request", "batch requests")
     )
 }
 
@@ -134,12 +137,12 @@ pub fn write(i: &Inputs) -> Result<String, String> {
     }
     let _ = writeln!(
         s,
-        "## Needed: without any one of these it does not fail (each checked at the run's length, {} iterations)\n",
-        features::length(i.original).unwrap_or(0)
+        "## Needed: without any one of these it does not fail (each checked at the run's length, {})\n",
+        count(features::length(i.original).unwrap_or(0), "iteration", "iterations")
     );
     for c in &kept {
         let r = &i.records[c.record];
-        let _ = writeln!(s, "- {}: {} it {} (candidate {})", c.part, c.off, outcome(r), r.id);
+        let _ = writeln!(s, "- {}: {} {} (candidate {})", c.part, c.off, outcome(r), r.id);
     }
     if kept.is_empty() {
         let _ = writeln!(s, "- nothing beyond one phase of requests: any request of it triggers the leak");
@@ -187,6 +190,10 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         "signature": { "metrics": i.signature.metrics, "exact": i.signature.exact },
         "needed": kept.iter().map(|c| &c.part).collect::<Vec<_>>(),
         "turned_off": gone,
+        "phases": features::phase_kinds(i.minimal),
+        "features": features::features(i.minimal).iter().map(Feature::name).collect::<Vec<_>>(),
+        "iterations": features::length(i.minimal),
+        "original_iterations": features::length(i.original),
         "replay": replay(i),
         "out_of_budget": i.out_of_budget,
         "wall_secs": i.secs,
@@ -203,14 +210,15 @@ pub fn write(i: &Inputs) -> Result<String, String> {
 }
 
 fn outcome(r: &Record) -> String {
-    let judged = if r.signature.is_empty() { String::new() } else { format!(": {}", r.signature.join(", ")) };
+    let sig = r.signature.join(", ");
     match r.verdict.as_str() {
-        "pass" => format!("passes{judged}"),
-        "warn" => format!("passes with a warning{judged}"),
-        "inconclusive" => format!("does not fail{judged} (the run is inconclusive overall)"),
-        "fail" => format!("fails only on {}", r.failing.join(", ")),
-        other => {
-            format!("does not run ({other}{})", if r.note.is_empty() { String::new() } else { format!(": {}", r.note) })
-        }
+        "pass" => format!("it passes ({sig})"),
+        "warn" => format!("it passes with a warning ({sig})"),
+        "inconclusive" => format!("it does not fail ({sig}; inconclusive overall)"),
+        "fail" => format!("it does not fail the same way ({sig}; it fails on {})", r.failing.join(", ")),
+        other => format!(
+            "it does not run ({other}{})",
+            if r.note.is_empty() { String::new() } else { format!(": {}", r.note) }
+        ),
     }
 }

@@ -1,0 +1,130 @@
+//! `plateau fuzz SCENARIO`: random mixes of a scenario's phases and request features, each a
+//! short soak judged by the exact layer; the first failure is shrunk (the library's
+//! `shrink::fuzz` has the lifecycle).
+
+use std::path::PathBuf;
+
+use plateau_engine::Injection;
+use plateau_soak::scenario::Scenario;
+use plateau_soak::shrink::fuzz::{self, FuzzOptions};
+
+use super::{HARNESS, LEAK, PASS, USAGE};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The scenario whose phases and features are mixed: a .toml file or a shipped name.
+    scenario: String,
+    /// Mixes to draw and run.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    cases: u32,
+    /// Iterations of each case: the exact layer decides at the first quiescent point that shows
+    /// a leftover, so a few are enough.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    iterations: u64,
+    /// Seed of the draw and of every case's workload (default: the scenario's).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Switch on a leak injection in every case (repeatable; see `plateau list`).
+    #[arg(long = "inject", value_name = "NAME")]
+    inject: Vec<Injection>,
+    /// Cases run at once, each a child process (default: the machine's cores).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    jobs: Option<u16>,
+    /// Wall-clock budget for the cases and the shrink: 90s, 30m, 2h.
+    #[arg(long, default_value = "30m")]
+    budget: String,
+    /// Where the cases, fuzz.json and the shrink go (default: runs/fuzz-<scenario>-<time>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No line per case.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    external: super::run::ExternalArgs,
+}
+
+pub fn main(a: Args) -> u8 {
+    let Args { scenario, cases, iterations, seed, inject, jobs, budget, out, quiet, external } = a;
+    let budget = match plateau_soak::scenario::parse_duration_secs(&budget) {
+        Ok(s) => std::time::Duration::from_secs_f64(s),
+        Err(e) => {
+            eprintln!("plateau: --budget: {e}");
+            return USAGE;
+        }
+    };
+    let (s, _) = match Scenario::load(&scenario) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("plateau: {e}");
+            return USAGE;
+        }
+    };
+    let doc: toml::Table = match s.text.parse() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("plateau: {}: {e}", s.file);
+            return USAGE;
+        }
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("plateau: cannot find my own binary: {e}");
+            return HARNESS;
+        }
+    };
+    let mut flags = Vec::new();
+    for i in &inject {
+        flags.extend(["--inject".to_string(), i.name().to_string()]);
+    }
+    let origin = external.origin(&scenario, &inject, flags);
+    let opts = FuzzOptions {
+        cases,
+        iterations,
+        seed: seed.unwrap_or(s.soak.seed),
+        out_dir: out.unwrap_or_else(|| PathBuf::from("runs").join(format!("fuzz-{}-{}", s.name, super::timestamp()))),
+        jobs: jobs.map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), usize::from),
+        budget,
+        exe,
+        quiet,
+    };
+    let found = match fuzz::fuzz(&doc, &origin, &opts) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("plateau: {e}");
+            return USAGE;
+        }
+    };
+    let ran = found.records.iter().filter(|r| r.secs > 0.0).count();
+    let errors = found.records.iter().filter(|r| r.verdict == "error").count();
+    match found.failure {
+        None if ran > 0 && errors == ran => {
+            eprintln!("plateau: fuzz: no case ran to a verdict (see {})", opts.out_dir.join("fuzz.json").display());
+            HARNESS
+        }
+        None => {
+            eprintln!(
+                "plateau: fuzz: {ran} cases of {iterations} iterations, none left anything behind at a quiescent point ({} in {})",
+                if errors > 0 { format!("{errors} did not run") } else { "all judged".into() },
+                opts.out_dir.display()
+            );
+            PASS
+        }
+        Some((k, shrunk)) => {
+            let r = &found.records[k];
+            eprintln!("plateau: fuzz: case {k} ({}) failed on {}", r.change, r.failing.join(", "));
+            match shrunk {
+                Ok(s) => {
+                    print!("{}", s.story.split("\n## Candidates").next().unwrap_or(""));
+                    eprintln!(
+                        "plateau: fuzz: shrunk in {:.0} s: {}",
+                        s.secs,
+                        opts.out_dir.join("shrink/story.md").display()
+                    );
+                }
+                Err(e) => eprintln!("plateau: fuzz: the failing case could not be shrunk: {e}"),
+            }
+            LEAK
+        }
+    }
+}
