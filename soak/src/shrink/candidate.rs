@@ -42,8 +42,17 @@ impl Signature {
         if !exact.is_empty() {
             return Some(Signature { metrics: exact, exact: true });
         }
+        // The most specific failing gauge: memory outside the allocator, else the live heap, else
+        // whatever failed (a server's process memory). A gauge that follows from another (RSS
+        // from the heap) would let a candidate that fails another way (a cache filling slowly in
+        // a small workload) pass for this leak.
         let gauges = failing(false);
-        (!gauges.is_empty()).then_some(Signature { metrics: gauges, exact: false })
+        let specific = ["anon_outside_heap", "jemalloc.allocated"]
+            .iter()
+            .map(|tail| gauges.iter().filter(|g| g.ends_with(tail)).cloned().collect::<Vec<_>>())
+            .find(|g| !g.is_empty())
+            .unwrap_or(gauges);
+        (!specific.is_empty()).then_some(Signature { metrics: specific, exact: false })
     }
 
     /// Any failure of the exact layer (`plateau fuzz`: what a case must not do).
@@ -216,11 +225,57 @@ impl Setup<'_> {
             rec.note = format!("{}: {e}", dir.display());
             return rec;
         }
-        let out = dir.join("run");
+        let t0 = Instant::now();
+        let judged = self.run_child(&scenario, job.iterations, &dir.join("run"), &self.origin.flags);
+        rec.secs = t0.elapsed().as_secs_f64();
+        let v = match judged {
+            Ok(v) => v,
+            Err(e) => {
+                rec.verdict = "error".into();
+                rec.note = e;
+                return rec;
+            }
+        };
+        rec.failing = v.metrics.iter().filter(|m| m.status == Status::Fail).map(|m| m.name.clone()).collect();
+        rec.same_way = !self.signature.matched(&v).is_empty();
+        rec.signature = v
+            .metrics
+            .iter()
+            .filter(|m| self.signature.covers(m) && (m.status == Status::Fail || !self.signature.metrics.is_empty()))
+            .map(|m| format!("{}: {}", m.name, m.status.as_str()))
+            .collect();
+        rec.verdict = v.verdict.as_str().to_string();
+        rec.iterations = v.iterations;
+        // A gauge that fails with the injections switched off too is the workload's growth (a
+        // cache a small workload fills slowly), not the leak's: the control run tells them apart.
+        let clean_flags = without_injections(&self.origin.flags);
+        if rec.same_way && !self.signature.exact && clean_flags.len() < self.origin.flags.len() {
+            let control = self.run_child(&scenario, job.iterations, &dir.join("control"), &clean_flags);
+            rec.secs = t0.elapsed().as_secs_f64();
+            match control {
+                Ok(c) if !self.signature.matched(&c).is_empty() => {
+                    rec.same_way = false;
+                    rec.note = format!(
+                        "{} fails without the injection too: the workload's own growth, not the leak's",
+                        self.signature.matched(&c).join(", ")
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    rec.same_way = false;
+                    rec.note = format!("its control run without the injection did not end in a verdict: {e}");
+                }
+            }
+        }
+        rec
+    }
+
+    /// Runs one child `plateau run` of `scenario` with `flags` into `out` and reads its verdict.
+    fn run_child(&self, scenario: &Path, iterations: u64, out: &Path, flags: &[String]) -> Result<Verdict, String> {
         let mut cmd = Command::new(&self.exe);
-        cmd.arg("run").arg(&scenario).args(["--seed", &self.seed.to_string()]);
-        cmd.args(["--iterations", &job.iterations.max(1).to_string(), "--quiet", "--no-replay"]);
-        cmd.arg("--out").arg(&out).args(&self.origin.flags);
+        cmd.arg("run").arg(scenario).args(["--seed", &self.seed.to_string()]);
+        cmd.args(["--iterations", &iterations.max(1).to_string(), "--quiet", "--no-replay"]);
+        cmd.arg("--out").arg(out).args(flags);
         if self.signature.exact {
             cmd.arg("--stop-on-exact-failure");
         }
@@ -231,46 +286,33 @@ impl Setup<'_> {
                 cmd.args(["--spawn", &s]);
             }
         }
-        let t0 = Instant::now();
-        let output = cmd.output();
-        rec.secs = t0.elapsed().as_secs_f64();
-        let output = match output {
-            Ok(o) => o,
-            Err(e) => {
-                rec.verdict = "error".into();
-                rec.note = format!("cannot run {}: {e}", self.exe.display());
-                return rec;
-            }
-        };
-        let code = output.status.code();
-        let verdict = read_verdict(&out);
-        match (code, verdict) {
-            (Some(0 | 1 | 4), Ok(v)) => {
-                rec.failing = v.metrics.iter().filter(|m| m.status == Status::Fail).map(|m| m.name.clone()).collect();
-                rec.same_way = !self.signature.matched(&v).is_empty();
-                rec.signature = v
-                    .metrics
-                    .iter()
-                    .filter(|m| {
-                        self.signature.covers(m) && (m.status == Status::Fail || !self.signature.metrics.is_empty())
-                    })
-                    .map(|m| format!("{}: {}", m.name, m.status.as_str()))
-                    .collect();
-                rec.verdict = v.verdict.as_str().to_string();
-                rec.iterations = v.iterations;
-            }
+        let output = cmd.output().map_err(|e| format!("cannot run {}: {e}", self.exe.display()))?;
+        match (output.status.code(), read_verdict(out)) {
+            (Some(0 | 1 | 4), Ok(v)) => Ok(v),
             (code, _) => {
                 let err = String::from_utf8_lossy(&output.stderr);
-                rec.verdict = "error".into();
-                rec.note = format!(
+                Err(format!(
                     "exit {}: {}",
                     code.map_or("by a signal".to_string(), |c| c.to_string()),
                     err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
-                );
+                ))
             }
         }
-        rec
     }
+}
+
+/// The flags without their `--inject NAME` pairs.
+fn without_injections(flags: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(flags.len());
+    let mut it = flags.iter();
+    while let Some(f) = it.next() {
+        if f == "--inject" {
+            it.next();
+        } else {
+            out.push(f.clone());
+        }
+    }
+    out
 }
 
 /// A run directory's verdict.json.

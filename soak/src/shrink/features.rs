@@ -11,6 +11,8 @@ use toml::{Table, Value};
 pub enum Feature {
     /// Disaggregated prefill/decode (`[pd]`): turned off, one engine does both.
     Disaggregation,
+    /// Forwards lost to a dead decode node (`[pd] decode_failure_fraction`; turned off: none).
+    DeadDecode,
     /// Images in prompts (turned off: placeholders become text).
     Images,
     /// n > 1 (turned off: n = 1).
@@ -36,6 +38,7 @@ impl Feature {
     pub fn name(&self) -> String {
         match self {
             Feature::Disaggregation => "pd".into(),
+            Feature::DeadDecode => "dead-decode".into(),
             Feature::Images => "images".into(),
             Feature::ParallelSampling => "n>1".into(),
             Feature::Abort(stage) => format!("abort:{stage}"),
@@ -52,6 +55,7 @@ impl Feature {
     pub fn off(&self) -> String {
         match self {
             Feature::Disaggregation => "on one engine (no [pd])".into(),
+            Feature::DeadDecode => "with no forwards lost to a dead decode node".into(),
             Feature::Images => "without images".into(),
             Feature::ParallelSampling => "with n = 1".into(),
             Feature::Abort(stage) => format!("without aborts at {stage}"),
@@ -96,7 +100,7 @@ pub fn describe_phase(doc: &Table, index: usize) -> String {
     let Some(t) = phases(doc).get(index).and_then(Value::as_table) else { return "?".into() };
     let mut parts = Vec::new();
     if let Some(r) = int(t, "requests") {
-        parts.push(format!("{r} requests"));
+        parts.push(format!("{r} request{}", if r == 1 { "" } else { "s" }));
     }
     if let Some(n) = int(t, "n").filter(|&n| n > 1) {
         parts.push(format!("n = {n}"));
@@ -138,8 +142,11 @@ pub fn with_phases(doc: &Table, keep: &[usize]) -> Table {
 /// The features the scenario's phases (and sections) use, each once, in a fixed order.
 pub fn features(doc: &Table) -> Vec<Feature> {
     let mut out = Vec::new();
-    if doc.contains_key("pd") {
+    if let Some(pd) = doc.get("pd") {
         out.push(Feature::Disaggregation);
+        if pd.get("decode_failure_fraction").and_then(Value::as_float).is_some_and(|f| f > 0.0) {
+            out.push(Feature::DeadDecode);
+        }
     }
     for v in phases(doc) {
         let Some(t) = v.as_table() else { continue };
@@ -180,8 +187,16 @@ pub fn features(doc: &Table) -> Vec<Feature> {
 pub fn without(doc: &Table, off: &[Feature]) -> Table {
     let mut out = doc.clone();
     for f in off {
-        if *f == Feature::Disaggregation {
-            out.remove("pd");
+        match f {
+            Feature::Disaggregation => {
+                out.remove("pd");
+            }
+            Feature::DeadDecode => {
+                if let Some(pd) = out.get_mut("pd").and_then(Value::as_table_mut) {
+                    pd.remove("decode_failure_fraction");
+                }
+            }
+            _ => {}
         }
         for t in phases_mut(&mut out) {
             turn_off(t, f);
@@ -192,7 +207,7 @@ pub fn without(doc: &Table, off: &[Feature]) -> Table {
 
 fn turn_off(t: &mut Table, f: &Feature) {
     match f {
-        Feature::Disaggregation => {}
+        Feature::Disaggregation | Feature::DeadDecode => {}
         Feature::Images => {
             t.remove("images");
             if let Some(Value::String(p)) = t.get_mut("prompt") {

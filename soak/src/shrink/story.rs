@@ -21,32 +21,62 @@ pub struct Check {
     pub still_fails: bool,
 }
 
-/// Runs the minimal scenario without each of its phases (where it has more than one) and without
-/// each of its features, one at a time, as one batch: 1-minimality, checked and recorded.
-pub fn one_minimal_checks(search: &mut Search, length: u64, seed: u64) -> Vec<Check> {
-    // At the original run's length: "passes with n = 1" is then as strong a claim as the
-    // run's own verdict, however short the minimal scenario became.
-    let best = features::with_length(&search.best, length, seed);
-    let phases = features::phase_count(&best);
-    let mut parts = Vec::new();
-    if phases > 1 {
-        for p in 0..phases {
-            let keep: Vec<usize> = (0..phases).filter(|&q| q != p).collect();
-            let part = format!("phase {} ({})", p + 1, features::describe_phase(&best, p));
-            parts.push((part, format!("without phase {}", p + 1), features::with_phases(&best, &keep)));
+/// A part of the minimal scenario a check takes away.
+#[derive(Debug, Clone)]
+enum Part {
+    Phase(usize),
+    Feature(Feature),
+}
+
+impl Part {
+    fn remove(&self, doc: &Table) -> Table {
+        match self {
+            Part::Phase(p) => {
+                let keep: Vec<usize> = (0..features::phase_count(doc)).filter(|q| q != p).collect();
+                features::with_phases(doc, &keep)
+            }
+            Part::Feature(f) => features::without(doc, std::slice::from_ref(f)),
         }
     }
-    for f in features::features(&best) {
-        parts.push((f.name(), f.off(), features::without(&best, std::slice::from_ref(&f))));
+}
+
+/// Runs the minimal scenario without each of its phases (where it has more than one) and without
+/// each of its features, one at a time, as one batch, at the original run's length: "passes with
+/// n = 1" is then as strong a claim as the run's own verdict, however short the minimal scenario
+/// became. A part whose removal still fails (halving the requests can make a phase kept by
+/// ddmin unneeded) is removed and the checks run again, so the result is 1-minimal.
+pub fn one_minimal_checks(search: &mut Search, length: u64, seed: u64) -> Vec<Check> {
+    // Each round removes a part or ends: at most as many rounds as parts.
+    let rounds = features::phase_count(&search.best) + features::features(&search.best).len() + 1;
+    let mut checks = Vec::new();
+    for _ in 0..rounds {
+        let best = features::with_length(&search.best, length, seed);
+        let phases = features::phase_count(&best);
+        let mut parts = Vec::new();
+        if phases > 1 {
+            for p in 0..phases {
+                let part = format!("phase {} ({})", p + 1, features::describe_phase(&best, p));
+                parts.push((part, format!("without phase {}", p + 1), Part::Phase(p)));
+            }
+        }
+        for f in features::features(&best) {
+            parts.push((f.name(), f.off(), Part::Feature(f)));
+        }
+        let batch: Vec<(String, Table)> =
+            parts.iter().map(|(_, off, part)| (format!("check: {off}"), part.remove(&best))).collect();
+        let judged = search.runner.judge(&batch);
+        if let Some(k) = judged.iter().position(|(fails, _)| *fails) {
+            search.best = parts[k].2.remove(&search.best);
+            continue;
+        }
+        checks = parts
+            .into_iter()
+            .zip(judged)
+            .map(|((part, off, _), (still_fails, record))| Check { part, off, record, still_fails })
+            .collect();
+        break;
     }
-    let batch: Vec<(String, Table)> =
-        parts.iter().map(|(_, off, doc)| (format!("check: {off}"), doc.clone())).collect();
-    let judged = search.runner.judge(&batch);
-    parts
-        .into_iter()
-        .zip(judged)
-        .map(|((part, off, _), (still_fails, record))| Check { part, off, record, still_fails })
-        .collect()
+    checks
 }
 
 pub struct Inputs<'a> {
@@ -148,14 +178,14 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         let _ = writeln!(s, "- nothing beyond one phase of requests: any request of it triggers the leak");
     }
     if !loose.is_empty() {
-        let _ = writeln!(s, "\nStill failing without these (a budget cut short the search):\n");
+        let _ = writeln!(s, "\nStill failing without these (not minimal: the budget ran out):\n");
         for c in &loose {
             let _ = writeln!(s, "- {}: {} it still fails (candidate {})", c.part, c.off, i.records[c.record].id);
         }
     }
     let _ = writeln!(s, "\n## Does not matter\n");
     let dropped = features::phase_count(i.original) - features::phase_count(i.minimal);
-    let _ = writeln!(s, "- {dropped} of the {} phases were dropped", features::phase_count(i.original));
+    let _ = writeln!(s, "- phases dropped: {dropped} of {}", features::phase_count(i.original));
     if !gone.is_empty() {
         let _ = writeln!(s, "- turned off and still failing: {}", gone.join(", "));
     }
@@ -164,7 +194,7 @@ pub fn write(i: &Inputs) -> Result<String, String> {
     let _ = writeln!(s, "| # | change | verdict | fails on | iterations | seconds |");
     let _ = writeln!(s, "|---|---|---|---|---|---|");
     for r in i.records {
-        let verdict = if r.note.is_empty() { r.verdict.clone() } else { format!("{}: {}", r.verdict, r.note) };
+        let verdict = if r.note.is_empty() { r.verdict.clone() } else { format!("{} ({})", r.verdict, r.note) };
         let _ = writeln!(
             s,
             "| {} | {} | {}{} | {} | {} | {:.1} |",
@@ -215,6 +245,7 @@ fn outcome(r: &Record) -> String {
         "pass" => format!("it passes ({sig})"),
         "warn" => format!("it passes with a warning ({sig})"),
         "inconclusive" => format!("it does not fail ({sig}; inconclusive overall)"),
+        "fail" if !r.note.is_empty() => format!("it does not fail the same way ({sig}; {})", r.note),
         "fail" => format!("it does not fail the same way ({sig}; it fails on {})", r.failing.join(", ")),
         other => format!(
             "it does not run ({other}{})",
