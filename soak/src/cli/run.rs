@@ -313,9 +313,10 @@ pub fn main(a: Args) -> u8 {
                 eprintln!("plateau: triggers fired: {}", plateau_soak::triggers::summary(&r.triggers));
                 for t in plateau_soak::triggers::short(&r.triggers) {
                     eprintln!(
-                        "plateau: warning: the scenario claims {} but it fired {} times (fewer than {}): a leak on that path could not be seen",
+                        "plateau: warning: the scenario claims {} but it fired {} time{} (fewer than {}): too few to be sure a leak on that path would show",
                         t.trigger,
                         t.fired,
+                        if t.fired == 1 { "" } else { "s" },
                         plateau_soak::triggers::MIN_FIRED
                     );
                 }
