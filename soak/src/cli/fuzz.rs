@@ -31,8 +31,8 @@ pub struct Args {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
     jobs: Option<u16>,
     /// Wall-clock budget for the cases and the shrink: 90s, 30m, 2h.
-    #[arg(long, default_value = "30m")]
-    budget: String,
+    #[arg(long, default_value = "30m", value_parser = super::parse_budget)]
+    budget: std::time::Duration,
     /// Where the cases, fuzz.json and the shrink go (default: runs/fuzz-<scenario>-<time>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -45,13 +45,6 @@ pub struct Args {
 
 pub fn main(a: Args) -> u8 {
     let Args { scenario, cases, iterations, seed, inject, jobs, budget, out, quiet, external } = a;
-    let budget = match plateau_soak::scenario::parse_duration_secs(&budget) {
-        Ok(s) => std::time::Duration::from_secs_f64(s),
-        Err(e) => {
-            eprintln!("plateau: --budget: {e}");
-            return USAGE;
-        }
-    };
     let (s, _) = match Scenario::load(&scenario) {
         Ok(s) => s,
         Err(e) => {
@@ -66,12 +59,9 @@ pub fn main(a: Args) -> u8 {
             return USAGE;
         }
     };
-    let exe = match std::env::current_exe() {
+    let exe = match super::own_exe() {
         Ok(e) => e,
-        Err(e) => {
-            eprintln!("plateau: cannot find my own binary: {e}");
-            return HARNESS;
-        }
+        Err(code) => return code,
     };
     let mut flags = Vec::new();
     for i in &inject {
@@ -83,7 +73,7 @@ pub fn main(a: Args) -> u8 {
         iterations,
         seed: seed.unwrap_or(s.soak.seed),
         out_dir: out.unwrap_or_else(|| PathBuf::from("runs").join(format!("fuzz-{}-{}", s.name, super::timestamp()))),
-        jobs: jobs.map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), usize::from),
+        jobs: super::jobs_or_cores(jobs),
         budget,
         exe,
         quiet,

@@ -86,6 +86,24 @@ pub fn run_error_code(e: RunError) -> u8 {
     }
 }
 
+/// `--jobs`, or else the machine's cores: child runs at once (selftest, shrink, fuzz).
+pub fn jobs_or_cores(jobs: Option<u16>) -> usize {
+    jobs.map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), usize::from)
+}
+
+/// This binary, which runs its own child runs; Err(exit 3) when it cannot be found, said.
+pub fn own_exe() -> Result<PathBuf, u8> {
+    std::env::current_exe().map_err(|e| {
+        eprintln!("plateau: cannot find my own binary: {e}");
+        HARNESS
+    })
+}
+
+/// A wall-clock budget such as 90s, 30m or 2h (`--budget`).
+pub fn parse_budget(s: &str) -> Result<std::time::Duration, String> {
+    plateau_soak::scenario::parse_duration_secs(s).map(std::time::Duration::from_secs_f64)
+}
+
 /// UTC time as YYYYmmdd-HHMMSS, for default run directories.
 pub fn timestamp() -> String {
     let (y, m, d, hh, mm, ss) = plateau_soak::environment::utc_now_parts();

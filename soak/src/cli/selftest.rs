@@ -23,13 +23,10 @@ pub struct Args {
 
 pub fn main(a: Args) -> u8 {
     let Args { quick, jobs, keep, ci } = a;
-    let jobs = jobs.map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), usize::from);
-    let exe = match std::env::current_exe() {
+    let jobs = super::jobs_or_cores(jobs);
+    let exe = match super::own_exe() {
         Ok(e) => e,
-        Err(e) => {
-            eprintln!("plateau: cannot find my own binary: {e}");
-            return HARNESS;
-        }
+        Err(code) => return code,
     };
     let root =
         keep.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("plateau-selftest-{}", std::process::id())));

@@ -20,8 +20,8 @@ pub struct Args {
     jobs: Option<u16>,
     /// Wall-clock budget: no candidate starts after it, and the smallest failing scenario so far
     /// is written, marked as possibly not minimal: 90s, 30m, 2h.
-    #[arg(long, default_value = "30m")]
-    budget: String,
+    #[arg(long, default_value = "30m", value_parser = super::parse_budget)]
+    budget: std::time::Duration,
     /// Where minimal.toml, story.md, shrink.json and the candidates go (default: RUN_DIR/shrink).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -46,13 +46,6 @@ fn origin(run_dir: &std::path::Path) -> Result<Origin, String> {
 
 pub fn main(a: Args) -> u8 {
     let Args { run_dir, jobs, budget, out, quiet } = a;
-    let budget = match plateau_soak::scenario::parse_duration_secs(&budget) {
-        Ok(s) => std::time::Duration::from_secs_f64(s),
-        Err(e) => {
-            eprintln!("plateau: --budget: {e}");
-            return USAGE;
-        }
-    };
     let origin = match origin(&run_dir) {
         Ok(o) => o,
         Err(e) => {
@@ -60,12 +53,9 @@ pub fn main(a: Args) -> u8 {
             return USAGE;
         }
     };
-    let exe = match std::env::current_exe() {
+    let exe = match super::own_exe() {
         Ok(e) => e,
-        Err(e) => {
-            eprintln!("plateau: cannot find my own binary: {e}");
-            return HARNESS;
-        }
+        Err(code) => return code,
     };
     if origin.target.is_some() && !origin.own_servers() {
         eprintln!(
@@ -76,7 +66,7 @@ pub fn main(a: Args) -> u8 {
     let opts = ShrinkOptions {
         out_dir: out.unwrap_or_else(|| run_dir.join("shrink")),
         run_dir,
-        jobs: jobs.map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), usize::from),
+        jobs: super::jobs_or_cores(jobs),
         budget,
         exe,
         quiet,

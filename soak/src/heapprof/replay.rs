@@ -32,6 +32,12 @@ pub struct ReplaySpec<'a> {
 /// and size-class rounding).
 const REPRODUCED_WITHIN: f64 = 2.0;
 
+/// Whether a replay's growth reproduces the run's: both positive and within a factor `within`.
+pub fn reproduces(replay_bytes_per_iter: f64, run_bytes_per_iter: f64, within: f64) -> bool {
+    let ratio = replay_bytes_per_iter / run_bytes_per_iter.max(f64::MIN_POSITIVE);
+    run_bytes_per_iter > 0.0 && (1.0 / within..=within).contains(&ratio)
+}
+
 /// `plateau run` arguments of a profiled replay: the same scenario and seed, `end` iterations, the
 /// warm-up and the profile window ending at the window's edges, quiet, into `out`.
 pub fn window_run_args(scenario: &str, seed: u64, (start, end): (u64, u64), out: &Path) -> Vec<String> {
@@ -93,9 +99,7 @@ impl ReplaySpec<'_> {
         let command = self.command();
         write_files(self.run_dir, &g, self.requests_per_iter, &command)?;
         let replay = g.bytes_per_iter();
-        let ratio = replay / self.run_bytes_per_iter.max(f64::MIN_POSITIVE);
-        let reproduced =
-            self.run_bytes_per_iter > 0.0 && (1.0 / REPRODUCED_WITHIN..=REPRODUCED_WITHIN).contains(&ratio);
+        let reproduced = reproduces(replay, self.run_bytes_per_iter, REPRODUCED_WITHIN);
         let record = GrowthRecord {
             metric: self.metric.to_string(),
             start_iter: self.start_iter,

@@ -68,6 +68,16 @@ impl Signature {
         }
     }
 
+    /// How a verdict judged the signature's metrics ("registry.sequences: pass"); for any
+    /// exact-layer failure, the exact-layer metrics it failed on.
+    pub fn judged(&self, v: &Verdict) -> Vec<String> {
+        v.metrics
+            .iter()
+            .filter(|m| self.covers(m) && (m.status == Status::Fail || !self.metrics.is_empty()))
+            .map(|m| format!("{}: {}", m.name, m.status.as_str()))
+            .collect()
+    }
+
     /// The signature's metrics a verdict fails on.
     pub fn matched(&self, v: &Verdict) -> Vec<String> {
         v.metrics.iter().filter(|m| m.status == Status::Fail && self.covers(m)).map(|m| m.name.clone()).collect()
@@ -238,12 +248,7 @@ impl Setup<'_> {
         };
         rec.failing = v.metrics.iter().filter(|m| m.status == Status::Fail).map(|m| m.name.clone()).collect();
         rec.same_way = !self.signature.matched(&v).is_empty();
-        rec.signature = v
-            .metrics
-            .iter()
-            .filter(|m| self.signature.covers(m) && (m.status == Status::Fail || !self.signature.metrics.is_empty()))
-            .map(|m| format!("{}: {}", m.name, m.status.as_str()))
-            .collect();
+        rec.signature = self.signature.judged(&v);
         rec.verdict = v.verdict.as_str().to_string();
         rec.iterations = v.iterations;
         // A gauge that fails with the injections switched off too is the workload's growth (a

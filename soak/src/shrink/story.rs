@@ -138,9 +138,10 @@ pub fn write(i: &Inputs) -> Result<String, String> {
     let ran = i.records.iter().filter(|r| r.secs > 0.0).count();
     let kept: Vec<&Check> = i.checks.iter().filter(|c| !c.still_fails).collect();
     let loose: Vec<&Check> = i.checks.iter().filter(|c| c.still_fails).collect();
+    let kept_features = features::features(i.minimal);
     let gone: Vec<String> = features::features(i.original)
         .into_iter()
-        .filter(|f| !features::features(i.minimal).contains(f))
+        .filter(|f| !kept_features.contains(f))
         .map(|f: Feature| f.name())
         .collect();
     let what = if i.signature.exact { "the exact layer" } else { "a trend" };

@@ -132,9 +132,7 @@ impl ExternalReplay<'_> {
         };
         write_files(self.run_dir, &growth, self.requests_per_iter, &command)?;
         let replay = growth.bytes_per_iter();
-        let ratio = replay / self.run_bytes_per_iter.max(f64::MIN_POSITIVE);
-        let reproduced =
-            self.run_bytes_per_iter > 0.0 && (1.0 / REPRODUCED_WITHIN..=REPRODUCED_WITHIN).contains(&ratio);
+        let reproduced = crate::heapprof::replay::reproduces(replay, self.run_bytes_per_iter, REPRODUCED_WITHIN);
         let record = GrowthRecord {
             metric: self.metric.to_string(),
             start_iter: window.iters[0],
