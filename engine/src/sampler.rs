@@ -20,20 +20,31 @@ fn uniform(rng: &mut ChaCha8Rng) -> f64 {
 }
 
 /// Picks the next token. Ties in greedy mode go to the lowest id.
+///
+/// The answer is always [`sample_ranked`]'s, which ranks the whole vocabulary. Most of a wide
+/// vocabulary weighs nothing next to the top candidate, so [`sample_head`] ranks only the head
+/// that can matter and hands back to the full ranking in the rare draw that reaches past it.
 pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> u32 {
     assert!(!logits.is_empty());
     if params.temperature == 0.0 {
         return argmax(logits);
     }
     let inv_t = 1.0 / params.temperature as f64;
-    // Candidates sorted by logit, highest first, ties by lower id (a total order: deterministic).
+    // The one draw a token takes, before either path, so both see the same one.
+    let u = uniform(rng);
+    sample_head(logits, params, inv_t, u).unwrap_or_else(|| sample_ranked(logits, params, inv_t, u))
+}
+
+/// The definition: candidates sorted by logit, highest first, ties by lower id (a total order:
+/// deterministic); top-k, then top-p over the weights `exp((logit - max) / T)`, then the draw `u`
+/// walks the kept weights in rank order.
+fn sample_ranked(logits: &[f32], params: &SamplingParams, inv_t: f64, u: f64) -> u32 {
     let mut keys = ranked(logits);
     if params.top_k > 0 {
         keys.truncate(params.top_k as usize);
     }
-    let id = |key: u64| key as u32;
-    let max = logits[id(keys[0]) as usize] as f64;
-    let weights: Vec<f64> = keys.iter().map(|&k| ((logits[id(k) as usize] as f64 - max) * inv_t).exp()).collect();
+    let max = logits[key_id(keys[0])] as f64;
+    let weights: Vec<f64> = keys.iter().map(|&k| weight(logits[key_id(k)], max, inv_t)).collect();
     let total: f64 = weights.iter().sum();
     let mut keep = weights.len();
     if params.top_p < 1.0 {
@@ -47,14 +58,99 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> 
         }
     }
     let kept_total: f64 = weights[..keep].iter().sum();
-    let mut r = uniform(rng) * kept_total;
+    let mut r = u * kept_total;
     for (i, w) in weights[..keep].iter().enumerate() {
         if r < *w {
-            return id(keys[i]);
+            return key_id(keys[i]) as u32;
         }
         r -= w;
     }
-    id(keys[keep - 1])
+    key_id(keys[keep - 1]) as u32
+}
+
+/// Below this log-weight a candidate's weight is under e^-40 (4.2e-18), less than half an ulp
+/// (2^-53, 1.1e-16) of any sum that holds the top candidate's weight of exactly 1: adding it, or
+/// any lighter one after it, leaves a running total in rank order unchanged to the bit.
+const NEGLIGIBLE_LOG_WEIGHT: f64 = -40.0;
+
+/// [`sample_ranked`]'s answer from the head of the ranking alone (the candidates within
+/// [`NEGLIGIBLE_LOG_WEIGHT`] of the top), or `None` where the answer needs the tail: top-p not
+/// reached within the head, or a draw that walks past it. Neither happens unless the head holds
+/// almost all the mass to within 1e-16. Every sum runs in the same order over the same values
+/// as the definition's, so the weights, totals and the token are the same bits.
+fn sample_head(logits: &[f32], params: &SamplingParams, inv_t: f64, u: f64) -> Option<u32> {
+    if !(inv_t > 0.0 && inv_t.is_finite()) {
+        return None;
+    }
+    // The top candidate as the ranking has it (total order), and no infinity or NaN anywhere.
+    let mut top = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if !l.is_finite() {
+            return None;
+        }
+        if descending(l) < descending(logits[top]) {
+            top = i;
+        }
+    }
+    let max = logits[top] as f64;
+    // A cheap first cut in f32, a log-weight of one below the exact one's (f32 rounding moves it
+    // by far less): what it drops is negligible, what it keeps is checked exactly.
+    let rough_floor = (max + (NEGLIGIBLE_LOG_WEIGHT - 1.0) / inv_t) as f32;
+    let mut keys: Vec<u64> = logits
+        .iter()
+        .enumerate()
+        .filter(|&(_, &l)| l >= rough_floor && (l as f64 - max) * inv_t >= NEGLIGIBLE_LOG_WEIGHT)
+        .map(|(i, &l)| key(l, i))
+        .collect();
+    keys.sort_unstable();
+    let top_k = params.top_k as usize;
+    // Whether the head is every candidate the definition keeps after top-k.
+    let whole = keys.len() == logits.len() || (top_k > 0 && top_k <= keys.len());
+    if top_k > 0 {
+        keys.truncate(top_k);
+    }
+    let weights: Vec<f64> = keys.iter().map(|&k| weight(logits[key_id(k)], max, inv_t)).collect();
+    debug_assert_eq!(weights[0], 1.0);
+    // The tail adds nothing to the total (NEGLIGIBLE_LOG_WEIGHT), so this is the whole total.
+    let total: f64 = weights.iter().sum();
+    let mut keep = weights.len();
+    // Whether `keep` is the definition's: the head is whole, or top-p is reached within it.
+    let mut kept_known = whole;
+    if params.top_p < 1.0 {
+        let mut acc = 0.0;
+        let reached = weights.iter().position(|w| {
+            acc += w / total;
+            acc >= params.top_p as f64
+        });
+        match reached {
+            Some(i) => (keep, kept_known) = (i + 1, true),
+            None if !whole => return None,
+            None => {}
+        }
+    }
+    let kept_total: f64 = weights[..keep].iter().sum();
+    let mut r = u * kept_total;
+    for (i, w) in weights[..keep].iter().enumerate() {
+        if r < *w {
+            return Some(key_id(keys[i]) as u32);
+        }
+        r -= w;
+    }
+    // Past the last kept weight: the definition's last kept candidate, if the head holds it.
+    kept_known.then(|| key_id(keys[keep - 1]) as u32)
+}
+
+/// A candidate's weight at inverse temperature `inv_t`, relative to the top logit `max`.
+fn weight(logit: f32, max: f64, inv_t: f64) -> f64 {
+    ((logit as f64 - max) * inv_t).exp()
+}
+
+fn key(logit: f32, id: usize) -> u64 {
+    u64::from(descending(logit)) << 32 | id as u64
+}
+
+fn key_id(key: u64) -> usize {
+    key as u32 as usize
 }
 
 /// Every candidate as one integer key (its rank by logit in the high half, its id in the low one),
@@ -62,8 +158,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> 
 /// sort gives the one order, at a third of the cost of comparing floats through an index (and a
 /// radix or bucket sort of a few hundred keys costs more than either).
 fn ranked(logits: &[f32]) -> Vec<u64> {
-    let mut keys: Vec<u64> =
-        logits.iter().enumerate().map(|(i, &l)| u64::from(descending(l)) << 32 | i as u64).collect();
+    let mut keys: Vec<u64> = logits.iter().enumerate().map(|(i, &l)| key(l, i)).collect();
     keys.sort_unstable();
     keys
 }
@@ -130,6 +225,64 @@ mod tests {
                 logits.iter().enumerate().map(|(i, &l)| u64::from(descending(l)) << 32 | i as u64).collect();
             sorted.sort_unstable();
             proptest::prop_assert_eq!(ranked(&logits), sorted);
+        }
+    }
+
+    /// Logits as the models give them: the hash model's spread of 256 over a vocabulary of a few
+    /// hundred, a real model's few units, or a handful of values with many ties.
+    fn logits_strategy() -> impl proptest::strategy::Strategy<Value = Vec<f32>> {
+        use proptest::prelude::*;
+        (1usize..600, prop_oneof![Just(256.0f32), Just(4.0), Just(60.0), Just(0.0)], any::<u64>()).prop_map(
+            |(n, spread, seed)| {
+                let mut rng = seq_rng(seed, 0);
+                (0..n)
+                    .map(|_| {
+                        let x = rng.next_u32();
+                        if spread == 0.0 {
+                            (x % 4) as f32
+                        } else {
+                            (x >> 8) as f32 / (1u32 << 24) as f32 * spread
+                        }
+                    })
+                    .collect()
+            },
+        )
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        #[test]
+        fn the_head_gives_the_ranking_s_token(
+            logits in logits_strategy(),
+            t in proptest::prop_oneof![proptest::strategy::Just(1.0f32), 0.01f32..4.0],
+            k in proptest::prop_oneof![proptest::strategy::Just(0u32), 1u32..700],
+            p in proptest::prop_oneof![proptest::strategy::Just(1.0f32), 0.01f32..1.0],
+            u in proptest::prop_oneof![0.0f64..1.0, proptest::strategy::Just(1.0 - f64::EPSILON / 2.0)],
+        ) {
+            let params = params(t, k, p);
+            let inv_t = 1.0 / t as f64;
+            let want = sample_ranked(&logits, &params, inv_t, u);
+            if let Some(got) = sample_head(&logits, &params, inv_t, u) {
+                proptest::prop_assert_eq!(got, want);
+            }
+        }
+    }
+
+    #[test]
+    fn the_head_answers_for_a_wide_vocabulary_and_the_ranking_for_non_finite_logits() {
+        // The hash model's logits: 512 candidates spread over 256. Every draw is the head's.
+        let mut rng = seq_rng(7, 0);
+        let logits: Vec<f32> = (0..512).map(|_| (rng.next_u32() >> 8) as f32 / 65536.0).collect();
+        for (i, t) in [0.5f32, 1.0, 3.0].into_iter().enumerate() {
+            for j in 0..100 {
+                let u = j as f64 / 100.0;
+                let params = params(t, [0, 40][i % 2], [1.0, 0.9][j % 2]);
+                let head = sample_head(&logits, &params, 1.0 / t as f64, u);
+                assert_eq!(head, Some(sample_ranked(&logits, &params, 1.0 / t as f64, u)), "t {t} u {u}");
+            }
+        }
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            assert_eq!(sample_head(&[1.0, bad], &params(1.0, 0, 1.0), 1.0, 0.5), None, "{bad}");
         }
     }
 
