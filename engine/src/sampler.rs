@@ -45,14 +45,32 @@ fn sample_ranked(logits: &[f32], params: &SamplingParams, inv_t: f64, u: f64) ->
     }
     let max = logits[key_id(keys[0])] as f64;
     let weights: Vec<f64> = keys.iter().map(|&k| weight(logits[key_id(k)], max, inv_t)).collect();
+    match land(&weights, params.top_p, u) {
+        Landing::At(i) => key_id(keys[i]) as u32,
+        Landing::Past { keep, .. } => key_id(keys[keep - 1]) as u32,
+    }
+}
+
+/// Where a draw lands among weights in rank order.
+enum Landing {
+    /// On the weight at this index.
+    At(usize),
+    /// Past the last of the `keep` weights top-p kept (rounding can carry a draw of almost 1
+    /// there); `top_p_reached`: whether top-p, rather than the end of the list, set `keep`.
+    Past { keep: usize, top_p_reached: bool },
+}
+
+/// Top-p over `weights` (in rank order), then the draw `u` walks the kept ones.
+fn land(weights: &[f64], top_p: f32, u: f64) -> Landing {
     let total: f64 = weights.iter().sum();
     let mut keep = weights.len();
-    if params.top_p < 1.0 {
+    let mut top_p_reached = false;
+    if top_p < 1.0 {
         let mut acc = 0.0;
         for (i, w) in weights.iter().enumerate() {
             acc += w / total;
-            if acc >= params.top_p as f64 {
-                keep = i + 1;
+            if acc >= top_p as f64 {
+                (keep, top_p_reached) = (i + 1, true);
                 break;
             }
         }
@@ -61,11 +79,11 @@ fn sample_ranked(logits: &[f32], params: &SamplingParams, inv_t: f64, u: f64) ->
     let mut r = u * kept_total;
     for (i, w) in weights[..keep].iter().enumerate() {
         if r < *w {
-            return key_id(keys[i]) as u32;
+            return Landing::At(i);
         }
         r -= w;
     }
-    key_id(keys[keep - 1]) as u32
+    Landing::Past { keep, top_p_reached }
 }
 
 /// Below this log-weight a candidate's weight is under e^-40 (4.2e-18), less than half an ulp
@@ -74,25 +92,23 @@ fn sample_ranked(logits: &[f32], params: &SamplingParams, inv_t: f64, u: f64) ->
 const NEGLIGIBLE_LOG_WEIGHT: f64 = -40.0;
 
 /// [`sample_ranked`]'s answer from the head of the ranking alone (the candidates within
-/// [`NEGLIGIBLE_LOG_WEIGHT`] of the top), or `None` where the answer needs the tail: top-p not
-/// reached within the head, or a draw that walks past it. Neither happens unless the head holds
-/// almost all the mass to within 1e-16. Every sum runs in the same order over the same values
-/// as the definition's, so the weights, totals and the token are the same bits.
+/// [`NEGLIGIBLE_LOG_WEIGHT`] of the top), or `None` where the answer needs the tail: a draw that
+/// walks past the head before top-p is reached in it, which takes a draw within 1e-16 of 1. Every
+/// sum runs in the same order over the same values as the definition's, so the weights, totals
+/// and the token are the same bits.
 fn sample_head(logits: &[f32], params: &SamplingParams, inv_t: f64, u: f64) -> Option<u32> {
     if !(inv_t > 0.0 && inv_t.is_finite()) {
         return None;
     }
     // The top candidate as the ranking has it (total order), and no infinity or NaN anywhere.
-    let mut top = 0;
+    let mut top = key(logits[0], 0);
     for (i, &l) in logits.iter().enumerate() {
         if !l.is_finite() {
             return None;
         }
-        if descending(l) < descending(logits[top]) {
-            top = i;
-        }
+        top = top.min(key(l, i));
     }
-    let max = logits[top] as f64;
+    let max = logits[key_id(top)] as f64;
     // A cheap first cut in f32, a log-weight of one below the exact one's (f32 rounding moves it
     // by far less): what it drops is negligible, what it keeps is checked exactly.
     let rough_floor = (max + (NEGLIGIBLE_LOG_WEIGHT - 1.0) / inv_t) as f32;
@@ -111,33 +127,13 @@ fn sample_head(logits: &[f32], params: &SamplingParams, inv_t: f64, u: f64) -> O
     }
     let weights: Vec<f64> = keys.iter().map(|&k| weight(logits[key_id(k)], max, inv_t)).collect();
     debug_assert_eq!(weights[0], 1.0);
-    // The tail adds nothing to the total (NEGLIGIBLE_LOG_WEIGHT), so this is the whole total.
-    let total: f64 = weights.iter().sum();
-    let mut keep = weights.len();
-    // Whether `keep` is the definition's: the head is whole, or top-p is reached within it.
-    let mut kept_known = whole;
-    if params.top_p < 1.0 {
-        let mut acc = 0.0;
-        let reached = weights.iter().position(|w| {
-            acc += w / total;
-            acc >= params.top_p as f64
-        });
-        match reached {
-            Some(i) => (keep, kept_known) = (i + 1, true),
-            None if !whole => return None,
-            None => {}
-        }
+    // The tail adds nothing to any sum that holds the top's 1.0 (NEGLIGIBLE_LOG_WEIGHT), so the
+    // head's totals are the definition's, and a draw that lands in the head lands there in the
+    // definition too. Past it, the answer is the last kept candidate only if the head holds it.
+    match land(&weights, params.top_p, u) {
+        Landing::At(i) => Some(key_id(keys[i]) as u32),
+        Landing::Past { keep, top_p_reached } => (whole || top_p_reached).then(|| key_id(keys[keep - 1]) as u32),
     }
-    let kept_total: f64 = weights[..keep].iter().sum();
-    let mut r = u * kept_total;
-    for (i, w) in weights[..keep].iter().enumerate() {
-        if r < *w {
-            return Some(key_id(keys[i]) as u32);
-        }
-        r -= w;
-    }
-    // Past the last kept weight: the definition's last kept candidate, if the head holds it.
-    kept_known.then(|| key_id(keys[keep - 1]) as u32)
 }
 
 /// A candidate's weight at inverse temperature `inv_t`, relative to the top logit `max`.
