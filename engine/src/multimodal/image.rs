@@ -89,7 +89,7 @@ pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<
             limits.hard_max_pixels
         ));
     }
-    let raw = if (w, h) == (sw, sh) { rgb.into_owned() } else { resize(rgb.into_owned(), (sw, sh), w, h)? };
+    let raw = if (w, h) == (sw, sh) { rgb.into_owned() } else { resize(&rgb, (sw, sh), w, h)? };
     let hash = crate::stable_hash::StableHasher::new().u32(w).u32(h).bytes(&raw).finish();
     let values = raw.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
     Ok(PixelTensor { width: w, height: h, values, hash })
@@ -98,21 +98,19 @@ pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<
 /// Bilinear (triangle-filter) resampling through `fast_image_resize` (SIMD; no threads), typed
 /// to RGB bytes: its untyped `resize` instantiates every pixel type it knows, which made three
 /// quarters of this crate's machine code and most of its build time.
-fn resize(rgb: Vec<u8>, (sw, sh): (u32, u32), w: u32, h: u32) -> Result<Vec<u8>, String> {
+fn resize(rgb: &[u8], (sw, sh): (u32, u32), w: u32, h: u32) -> Result<Vec<u8>, String> {
     use fast_image_resize::{
-        images::Image, pixels::U8x3, FilterType, IntoImageView, IntoImageViewMut, PixelType, ResizeAlg, ResizeOptions,
-        Resizer,
+        images::{TypedImage, TypedImageRef},
+        pixels::U8x3,
+        FilterType, ResizeAlg, ResizeOptions, Resizer,
     };
-    let src = Image::from_vec_u8(sw, sh, rgb, PixelType::U8x3).map_err(|e| format!("resize: {e}"))?;
-    let mut dst = Image::new(w, h, PixelType::U8x3);
+    // Views of the caller's bytes and of the output: no copy of either.
+    let src = TypedImageRef::<U8x3>::from_buffer(sw, sh, rgb).map_err(|e| format!("resize: {e}"))?;
+    let mut out = vec![0u8; w as usize * h as usize * 3];
+    let mut dst = TypedImage::<U8x3>::from_buffer(w, h, &mut out).map_err(|e| format!("resize: {e}"))?;
     let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
-    {
-        let (Some(src_view), Some(mut dst_view)) = (src.image_view::<U8x3>(), dst.image_view_mut::<U8x3>()) else {
-            return Err("resize: the image is not 8-bit RGB".to_string());
-        };
-        Resizer::new().resize_typed(&src_view, &mut dst_view, &options).map_err(|e| format!("resize: {e}"))?;
-    }
-    Ok(dst.into_vec())
+    Resizer::new().resize_typed(&src, &mut dst, &options).map_err(|e| format!("resize: {e}"))?;
+    Ok(out)
 }
 
 fn check_input_size(w: u32, h: u32, limits: &ImageLimits) -> Result<(), String> {

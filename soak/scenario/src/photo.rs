@@ -32,38 +32,51 @@ pub fn photo(width: u32, height: u32, seed: u64) -> Vec<u8> {
         .collect();
     // Each blob's squared horizontal distance, per column.
     let dx2: Vec<Vec<f32>> = blobs.iter().map(|b| (0..width).map(|x| (x as f32 - b.cx).powi(2)).collect()).collect();
-    let mut out = vec![0u8; width as usize * height as usize * 3];
-    let mut px_at = 0;
-    for y in 0..height {
+    // Each pixel's grain before the row's term: `x * 73856093 ^ seed`, per column.
+    let grain_x: Vec<u32> = (0..width).map(|x| x.wrapping_mul(73_856_093) ^ seed as u32).collect();
+    let w = width as usize;
+    // One row at a time, a plane per channel and the row's blob weights, so that each loop below
+    // is one operation over a row (the compiler vectorizes them). A pixel a blob does not reach
+    // takes the weight 0, which leaves it unchanged to the bit: `v * 1 + c * 0` is `v` for the
+    // non-negative finite values a picture holds.
+    let mut planes = [vec![0.0f32; w], vec![0.0f32; w], vec![0.0f32; w]];
+    let mut weight = vec![0.0f32; w];
+    let mut grain = vec![0.0f32; w];
+    let mut bytes = [vec![0u8; w], vec![0u8; w], vec![0u8; w]];
+    let mut out = vec![0u8; w * height as usize * 3];
+    for (y, out_row) in (0..height).zip(out.chunks_exact_mut(w * 3)) {
         let t = y as f32 / height as f32;
-        let mut ground = [0.0f32; 3];
-        for k in 0..3 {
-            ground[k] = top[k] * (1.0 - t) + bottom[k] * t;
+        for (plane, (top, bottom)) in planes.iter_mut().zip(top.iter().zip(bottom)) {
+            plane.fill(top * (1.0 - t) + bottom * t);
         }
-        // A blob whose vertical distance alone is past its reach touches no pixel of this row.
-        let near: Vec<(usize, f32)> = blobs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| (i, (y as f32 - b.cy).powi(2)))
-            .filter(|&(i, dy2)| dy2 < 4.0 * blobs[i].r2)
-            .collect();
-        for x in 0..width {
-            let mut px = ground;
-            for &(i, dy2) in &near {
-                let b = &blobs[i];
-                let d2 = dx2[i][x as usize] + dy2;
-                if d2 < 4.0 * b.r2 {
-                    let w = (-d2 / b.r2).exp();
-                    for (v, c) in px.iter_mut().zip(b.colour) {
-                        *v = *v * (1.0 - w) + c * w;
-                    }
+        for (b, dx2) in blobs.iter().zip(&dx2) {
+            let dy2 = (y as f32 - b.cy).powi(2);
+            // A blob whose vertical distance alone is past its reach touches no pixel of this row.
+            if dy2 >= 4.0 * b.r2 {
+                continue;
+            }
+            for (wt, &dx2) in weight.iter_mut().zip(dx2) {
+                let d2 = dx2 + dy2;
+                *wt = if d2 < 4.0 * b.r2 { (-d2 / b.r2).exp() } else { 0.0 };
+            }
+            for (plane, c) in planes.iter_mut().zip(b.colour) {
+                for (v, &wt) in plane.iter_mut().zip(&weight) {
+                    *v = *v * (1.0 - wt) + c * wt;
                 }
             }
-            let grain = ((x.wrapping_mul(73_856_093) ^ y.wrapping_mul(19_349_663) ^ seed as u32) % 17) as f32 - 8.0;
-            for (o, v) in out[px_at..px_at + 3].iter_mut().zip(px) {
-                *o = (v + grain).clamp(0.0, 255.0) as u8;
+        }
+        let grain_y = y.wrapping_mul(19_349_663);
+        for (g, &gx) in grain.iter_mut().zip(&grain_x) {
+            *g = ((gx ^ grain_y) % 17) as f32 - 8.0;
+        }
+        for (bytes, plane) in bytes.iter_mut().zip(&planes) {
+            for ((b, &v), &g) in bytes.iter_mut().zip(plane).zip(&grain) {
+                // Through i32, which the compiler vectorizes: the same truncation in [0, 255].
+                *b = (v + g).clamp(0.0, 255.0) as i32 as u8;
             }
-            px_at += 3;
+        }
+        for (x, px) in out_row.chunks_exact_mut(3).enumerate() {
+            px.copy_from_slice(&[bytes[0][x], bytes[1][x], bytes[2][x]]);
         }
     }
     out
