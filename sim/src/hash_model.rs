@@ -23,8 +23,15 @@ type Result<T> = std::result::Result<T, EngineError>;
 const FLOATS_PER_SLOT: usize = 3;
 const EMPTY_SLOT: u64 = 0x5E_ED0F_E4A7_7A11;
 
+const MIX_B: u64 = 0x9E37_79B9_7F4A_7C15;
+
 pub fn mix(a: u64, b: u64) -> u64 {
-    let mut z = a ^ b.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    mix_scaled(a, b.wrapping_mul(MIX_B))
+}
+
+/// [`mix`] of `a` and `b`, given `b * MIX_B` (wrapping): the logits' vocabulary term, made once.
+fn mix_scaled(a: u64, b_scaled: u64) -> u64 {
+    let mut z = a ^ b_scaled;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -48,12 +55,15 @@ pub struct HashBackend {
     kv: Option<HashPool>,
     kept_kv: Vec<HashPool>,
     injections: Injections,
+    /// Each token id times `MIX_B`, for the logits of every step.
+    vocab_scaled: Vec<u64>,
 }
 
 impl HashBackend {
     pub fn new(config: ModelConfig, injections: Injections) -> Self {
         let weight_bytes = Some(weight_bytes(&config));
-        HashBackend { config, weight_bytes, kv: None, kept_kv: Vec::new(), injections }
+        let vocab_scaled = (0..config.vocab_size as u64).map(|v| v.wrapping_mul(MIX_B)).collect();
+        HashBackend { config, weight_bytes, kv: None, kept_kv: Vec::new(), injections, vocab_scaled }
     }
 }
 
@@ -144,7 +154,7 @@ impl Backend for HashBackend {
                 kv.slots[slot(&chunk.block_table, pos, bs)?] = h;
             }
             if chunk.want_logits {
-                logits.push((0..self.config.vocab_size as u64).map(|v| ((mix(h, v) >> 40) as f32) / 65536.0).collect());
+                logits.push(self.vocab_scaled.iter().map(|&v| ((mix_scaled(h, v) >> 40) as f32) / 65536.0).collect());
             }
         }
         Ok(logits)
