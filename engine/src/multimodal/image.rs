@@ -89,7 +89,8 @@ pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<
             limits.hard_max_pixels
         ));
     }
-    let raw = if (w, h) == (sw, sh) { rgb.into_owned() } else { resize(&rgb, (sw, sh), w, h)? };
+    // Read in place where no resize is needed: the bytes are only hashed and normalised.
+    let raw = if (w, h) == (sw, sh) { rgb } else { std::borrow::Cow::Owned(resize(&rgb, (sw, sh), w, h)?) };
     let hash = crate::stable_hash::StableHasher::new().u32(w).u32(h).bytes(&raw).finish();
     let values = raw.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
     Ok(PixelTensor { width: w, height: h, values, hash })
