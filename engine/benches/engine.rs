@@ -1,6 +1,12 @@
 //! Engine benchmarks on the `tiny` preset: decode steps at batch 1, 8 and 32, and one whole
 //! iteration of 20 requests with n=2 and 10 new tokens each (the multimodal-repeat shape, text only),
 //! the vision path, and a tracked registry's bookkeeping against a bare map.
+//!
+//! The engine has no allocator of its own, so these run on glibc's malloc, whose mmap and trim
+//! thresholds move with the largest block freed earlier in the process: a setup that stops freeing
+//! one 2.4 MB buffer turned vision_encode's per-iteration temporaries into brk and page-fault churn
+//! (5% of its time in the kernel). To compare two builds, run both with the thresholds held:
+//! `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=33554432`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use plateau_engine::registry::Registries;
