@@ -3,6 +3,8 @@
 //! did), rounded to the vision encoder's patch grid, and normalised into a pixel tensor that the
 //! request keeps for its whole life (a preempted request may need to encode it again).
 
+use std::borrow::Cow;
+
 use super::codec;
 
 /// An image as a client sends it.
@@ -65,7 +67,7 @@ pub fn target_size(width: u32, height: u32, limits: &ImageLimits, factor: u32) -
 
 /// Decodes, resizes and normalises one image. Errors name what is wrong with it.
 pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<PixelTensor, String> {
-    let (sw, sh, rgb): (u32, u32, std::borrow::Cow<[u8]>) = match input {
+    let (sw, sh, rgb): (u32, u32, Cow<[u8]>) = match input {
         ImageInput::Rgb { width, height, pixels } => {
             if *width == 0 || *height == 0 {
                 return Err(format!("zero-sized image ({width}x{height})"));
@@ -75,11 +77,11 @@ pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<
             if pixels.len() != want {
                 return Err(format!("{width}x{height} RGB needs {want} bytes, got {}", pixels.len()));
             }
-            (*width, *height, std::borrow::Cow::Borrowed(pixels))
+            (*width, *height, Cow::Borrowed(pixels))
         }
         ImageInput::Encoded(bytes) => {
             let (w, h, rgb) = codec::decode(bytes, |w, h| check_input_size(w, h, limits))?;
-            (w, h, std::borrow::Cow::Owned(rgb))
+            (w, h, Cow::Owned(rgb))
         }
     };
     let (w, h) = target_size(sw, sh, limits, factor);
@@ -90,7 +92,7 @@ pub fn process(input: &ImageInput, limits: &ImageLimits, factor: u32) -> Result<
         ));
     }
     // Read in place where no resize is needed: the bytes are only hashed and normalised.
-    let raw = if (w, h) == (sw, sh) { rgb } else { std::borrow::Cow::Owned(resize(&rgb, (sw, sh), w, h)?) };
+    let raw = if (w, h) == (sw, sh) { rgb } else { Cow::Owned(resize(&rgb, (sw, sh), w, h)?) };
     let hash = crate::stable_hash::StableHasher::new().u32(w).u32(h).bytes(&raw).finish();
     let values = raw.iter().map(|&b| b as f32 / 127.5 - 1.0).collect();
     Ok(PixelTensor { width: w, height: h, values, hash })
