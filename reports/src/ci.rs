@@ -23,7 +23,6 @@ pub struct RunRef<'a> {
 fn status_word(s: Status) -> &'static str {
     match s {
         Status::Pass => "pass",
-        Status::Warn => "pass (with warnings)",
         Status::Inconclusive => "inconclusive",
         Status::Fail => "FAIL",
     }
@@ -157,7 +156,7 @@ pub fn checks_markdown(title: &str, checks: &[Check]) -> String {
 
 fn case(name: &str, status: Status, reason: &str) -> TestCase {
     let s = match status {
-        Status::Pass | Status::Warn => TestCaseStatus::success(),
+        Status::Pass => TestCaseStatus::success(),
         Status::Inconclusive => {
             let mut s = TestCaseStatus::skipped();
             s.set_message(format!("inconclusive: {reason}"));
@@ -213,6 +212,8 @@ mod tests {
             requests_per_iter: None,
             seconds_per_iter: None,
             tolerance: "1B/request".into(),
+            planned_iterations: None,
+            overrides: vec![],
             warnings: Vec::new(),
             target_exit: None,
             settle_timeouts: 0,

@@ -36,6 +36,46 @@ pub struct Environment {
     pub memory_bytes: u64,
     /// The GPU seen (name and memory), or why none was ("not available: ...").
     pub gpu: String,
+    /// The arguments of `plateau run` that shaped the run, as it resolved them (the scenario,
+    /// `--seed`, backend, warm-up, tolerance, injections, P/D processes, timer, the target and
+    /// its command and settings), without its length: what [`replay_command`] repeats. Absent in
+    /// files written before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replay_args: Vec<String>,
+}
+
+/// The one command that replays a run: `plateau run` with every argument that shaped it and the
+/// length it ran (`--iterations`, the iterations done). Every place that shows it (the run's own
+/// output, `explain`, report.html, CI summaries) takes it from here. Without the recorded
+/// arguments (an older run, samples from elsewhere) it is rebuilt from the verdict and says less.
+pub fn replay_command(v: &crate::Verdict, env: Option<&Environment>) -> String {
+    let mut words: Vec<String> = vec!["plateau".into(), "run".into()];
+    match env.filter(|e| !e.replay_args.is_empty()) {
+        Some(e) => words.extend(e.replay_args.iter().map(|a| shell_word(a))),
+        None => {
+            let scenario = env
+                .map(|e| e.scenario_source.strip_prefix("shipped:").unwrap_or(&e.scenario_source).to_string())
+                .unwrap_or_else(|| v.scenario.clone());
+            words.extend([shell_word(&scenario), "--seed".into(), v.seed.to_string()]);
+            for i in &v.injections {
+                words.extend(["--inject".into(), shell_word(i)]);
+            }
+            if let Some(t) = env.and_then(|e| e.target.as_ref()) {
+                words.extend(["--target".into(), shell_word(t)]);
+            }
+        }
+    }
+    words.extend(["--iterations".into(), v.iterations.max(1).to_string()]);
+    words.join(" ")
+}
+
+/// A word as a POSIX shell reads it back: bare when it is plain, else single-quoted.
+pub fn shell_word(s: &str) -> String {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:=@%+,".contains(&b)) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
 }
 
 impl Environment {
@@ -61,5 +101,42 @@ impl Environment {
             ("GPU", self.gpu.clone()),
         ]);
         rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_replay_repeats_every_recorded_argument_quoted_for_a_shell_with_the_length_run() {
+        let v: crate::Verdict = serde_json::from_value(serde_json::json!({
+            "schema": "plateau.verdict.v1", "verdict": "fail", "incomplete": false, "scenario": "n-sampling",
+            "seed": 7, "backend": "external", "injections": [], "iterations": 60, "warmup_iterations": 20,
+            "samples": 61, "summary": "fail", "metrics": []
+        }))
+        .unwrap();
+        let env = Environment {
+            replay_args: [
+                "n-sampling",
+                "--seed",
+                "7",
+                "--tolerance",
+                "1KiB/request",
+                "--target",
+                "http://127.0.0.1:8000",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--spawn".to_string(), "python3 srv.py --port 8000".to_string()])
+            .collect(),
+            ..Environment::default()
+        };
+        assert_eq!(
+            replay_command(&v, Some(&env)),
+            "plateau run n-sampling --seed 7 --tolerance 1KiB/request --target http://127.0.0.1:8000 --spawn 'python3 srv.py --port 8000' --iterations 60"
+        );
+        assert_eq!(replay_command(&v, None), "plateau run n-sampling --seed 7 --iterations 60");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
     }
 }

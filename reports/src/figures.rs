@@ -86,15 +86,14 @@ pub fn thin(pts: &[(f64, f64)], buckets: usize) -> Vec<(f64, f64)> {
     out
 }
 
-/// The order a report lists metrics in: failing first, then not judged, warnings, passes, and
-/// shown-only metrics last; by name within each.
+/// The order a report lists metrics in: failing first, then not judged, passes, and shown-only
+/// metrics last; by name within each.
 pub fn report_rank(status: Option<Status>) -> u8 {
     match status {
         Some(Status::Fail) => 0,
         Some(Status::Inconclusive) => 1,
-        Some(Status::Warn) => 2,
-        Some(Status::Pass) => 3,
-        None => 4,
+        Some(Status::Pass) => 2,
+        None => 3,
     }
 }
 

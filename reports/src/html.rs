@@ -58,7 +58,7 @@ figure{margin:0;background:#fff;border:1px solid #d8d8d8;border-radius:6px;paddi
 figure.fail{border:2px solid #b3261e}figure.inconclusive{border:2px solid #c9a227}\
 figcaption{font-size:.86em;overflow-wrap:anywhere}figcaption b{font-size:1.05em}\
 .badge{display:inline-block;padding:0 6px;border-radius:4px;font-size:.85em;font-weight:600;color:#fff;background:#777}\
-.badge.fail{background:#b3261e}.badge.pass{background:#2e6b34}.badge.inconclusive{background:#9a7400}.badge.warn{background:#a15c00}\
+.badge.fail{background:#b3261e}.badge.pass{background:#2e6b34}.badge.inconclusive{background:#9a7400}\
 svg.plot{width:100%;height:auto;display:block}\
 .scroll{overflow-x:auto}table{border-collapse:collapse;width:100%;background:#fff;font-size:.9em}\
 td,th{padding:4px 6px;border-bottom:1px solid #e6e6e6;text-align:left;vertical-align:top}\
@@ -71,20 +71,9 @@ fn status_class(s: Option<Status>) -> &'static str {
     match s {
         Some(Status::Fail) => "fail",
         Some(Status::Inconclusive) => "inconclusive",
-        Some(Status::Warn) => "warn",
         Some(Status::Pass) => "pass",
         None => "observed",
     }
-}
-
-/// The replay command of a run, from its verdict (and the scenario file it came from, if known).
-pub fn replay_command(v: &Verdict, env: Option<&Environment>) -> String {
-    let scenario = env
-        .map(|e| e.scenario_source.strip_prefix("shipped:").unwrap_or(&e.scenario_source).to_string())
-        .unwrap_or_else(|| v.scenario.clone());
-    let inj: String = v.injections.iter().map(|i| format!(" --inject {i}")).collect();
-    let target = env.and_then(|e| e.target.as_ref()).map(|t| format!(" --target {t}")).unwrap_or_default();
-    format!("plateau run {scenario} --seed {} --iterations {}{inj}{target}", v.seed, v.iterations)
 }
 
 /// The page, whole.
@@ -130,7 +119,7 @@ pub fn report_html(r: &ReportInput) -> Result<String, String> {
     let _ = write!(
         h,
         "</p><p>Replay: <code>{}</code></p>\n</main></body></html>\n",
-        escape(&replay_command(v, r.environment))
+        escape(&crate::env::replay_command(v, r.environment))
     );
     Ok(h)
 }
@@ -270,8 +259,12 @@ fn baseline(h: &mut String, r: &ReportInput, b: &Baseline) {
             (Some(a), Some(z)) => format!("<td class=\"n\">{}</td>", fmt_value(z - a, &n.unit)),
             _ => "<td class=\"n\">-</td>".into(),
         };
-        let resolution =
-            v.metrics.iter().find(|m| m.name == n.name).and_then(|m| m.trend.as_ref()).map(|t| t.resolution_per_iter);
+        let resolution = v
+            .metrics
+            .iter()
+            .find(|m| m.name == n.name)
+            .and_then(|m| m.trend.as_ref())
+            .and_then(|t| t.resolution_per_iter);
         let steeper =
             matches!((t.slope_per_iter, n.slope_per_iter, resolution), (Some(a), Some(z), Some(res)) if z - a > res);
         let _ = write!(
@@ -336,7 +329,7 @@ mod tests {
             points: 30,
             quantum: 1.0,
             noise: 0.0,
-            resolution_per_iter: 0.1,
+            resolution_per_iter: Some(0.1),
             resolution_per_request: None,
             tolerance_per_iter: 0.0,
             noise_resolution_per_iter: None,
@@ -375,6 +368,8 @@ mod tests {
             requests_per_iter: None,
             seconds_per_iter: None,
             tolerance: String::new(),
+            planned_iterations: None,
+            overrides: vec![],
             warnings: vec![],
             target_exit: None,
             settle_timeouts: 0,
@@ -406,7 +401,7 @@ mod tests {
         assert!(page.contains("z.leak &lt;reason&gt;"), "text is not escaped");
         assert!(page.contains("baseline ran scenario <b>mixed</b>"), "another scenario's baseline is not said");
         assert!(page.contains(
-            "Replay: <code>plateau run n-sampling --seed 3 --iterations 50 --inject registry-retains-finished</code>"
+            "Replay: <code>plateau run n-sampling --seed 3 --inject registry-retains-finished --iterations 50</code>"
         ));
         assert!(page.contains("No environment.json"));
         assert_eq!(page.matches("<svg").count(), 3, "one plot per metric");

@@ -8,13 +8,17 @@ pub mod env;
 pub mod figures;
 #[cfg(feature = "render")]
 pub mod html;
+mod lines;
 #[cfg(feature = "render")]
 pub mod plot;
+pub mod relations;
+mod run_end;
 pub mod samples;
 pub mod verdict;
 
-pub use env::{Environment, ENVIRONMENT_SCHEMA};
+pub use env::{replay_command, shell_word, Environment, ENVIRONMENT_SCHEMA};
 pub use samples::{
-    Header, Kind, MetricSpec, Row, SampleLine, Samples, SamplesError, ROLE_REQUESTS, SAMPLES_SCHEMA, UNITS,
+    EndState, Header, Kind, MetricSpec, Row, RunEnd, SampleLine, Samples, SamplesError, ROLE_REQUESTS, SAMPLES_SCHEMA,
+    UNITS,
 };
 pub use verdict::{MetricVerdict, Projection, Site, Status, Trend, Verdict, VERDICT_SCHEMA};

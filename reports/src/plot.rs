@@ -60,7 +60,6 @@ impl Panel {
         match self.status {
             Some(Status::Fail) => "FAIL",
             Some(Status::Inconclusive) => "not judged",
-            Some(Status::Warn) => "warn",
             Some(Status::Pass) => "pass",
             None => "shown only",
         }

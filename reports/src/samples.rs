@@ -3,10 +3,14 @@
 //! the line and the field.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::lines::BoundedLines;
+pub use crate::lines::MAX_LINE_BYTES;
+pub use crate::run_end::{EndState, RunEnd};
 
 pub const SAMPLES_SCHEMA: &str = "plateau.samples.v1";
 
@@ -69,6 +73,30 @@ pub struct MetricSpec {
     /// plateau's own field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
+    /// The live heap this gauge is an overhead on, where the writer knows it: the allocator's
+    /// bookkeeping and pages, the page tables and anonymous pages move with what the program
+    /// holds (`jemalloc.allocated`) and with how it holds it. Growth here while that heap
+    /// levels off is judged as fragmentation that must slow down (see `relations.rs`).
+    /// plateau's own field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_of: Option<String>,
+    /// With `overhead_of`: the other levels this gauge also holds besides the heap's overhead
+    /// (for RSS: memory outside the heap, file and shared pages). Growth is the heap's overhead
+    /// only while these levelled off too. plateau's own field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overhead_with: Vec<String>,
+    /// For an address-space gauge: the gauges of the address space another part of the program
+    /// reserves inside it (the allocator's `mapped` and `retained`). Growth that is all theirs,
+    /// while the rest stays level, is addresses kept for reuse, not memory. plateau's own field.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved_by: Vec<String>,
+}
+
+impl MetricSpec {
+    /// Whether the writer declared any relation to another metric.
+    pub fn declares_relations(&self) -> bool {
+        self.within.is_some() || self.overhead_of.is_some() || !self.reserved_by.is_empty()
+    }
 }
 
 /// The role of the counter of requests sent (see [`MetricSpec::role`]).
@@ -76,11 +104,25 @@ pub const ROLE_REQUESTS: &str = "requests";
 
 impl MetricSpec {
     pub fn new(kind: Kind, unit: &str) -> MetricSpec {
-        MetricSpec { kind, unit: unit.to_string(), capacity: None, quantum: None, within: None, role: None }
+        MetricSpec {
+            kind,
+            unit: unit.to_string(),
+            capacity: None,
+            quantum: None,
+            within: None,
+            role: None,
+            overhead_of: None,
+            overhead_with: Vec::new(),
+            reserved_by: Vec::new(),
+        }
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The header: what the file holds, and what its verdict is judged with. A verdict is one
+/// function of the samples: the warm-up, the tolerance and the planned length are recorded here
+/// when the run starts, and how it ended in its last line ([`RunEnd`]), so that every command
+/// that judges the file again judges it the same way.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Header {
     pub schema: String,
     pub scenario: String,
@@ -93,6 +135,17 @@ pub struct Header {
     /// Leak injections switched on for the run (plateau's own field).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub injections: Vec<String>,
+    /// The byte growth the run accepts, as the user or the scenario gave it (`64B/request`,
+    /// `1KiB/iteration`, `0`); absent: the detector's default. plateau's own field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerance: Option<String>,
+    /// The run's planned length in iterations (absent for a run bound by time alone): samples
+    /// that stop short of it with no end record are an unfinished run. plateau's own field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_iterations: Option<u64>,
+    /// A run bound by time: its planned duration in seconds. plateau's own field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_duration_s: Option<f64>,
 }
 
 /// One sample as written on a line.
@@ -109,6 +162,9 @@ pub struct SampleLine {
     /// found (plateau's own field; absent when every check held).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub checks: BTreeMap<String, String>,
+    /// Set on the last line only: how the run ended (see [`RunEnd`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<RunEnd>,
 }
 
 /// One sample, columnar: `values[i]` belongs to `Samples::names[i]`.
@@ -138,8 +194,10 @@ pub struct Samples {
     /// Set when the last line was cut short (a run killed mid-write); the rows before it are kept.
     pub truncated_tail: bool,
     /// What the reader accepted but a person should know (a kind it does not know, read as
-    /// `observed`).
+    /// `observed`; relations implied by the v1 families).
     pub warnings: Vec<String>,
+    /// How the run ended, when its writer recorded it (the last line).
+    pub end: Option<RunEnd>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,16 +219,23 @@ impl Samples {
         self.rows.iter().filter(|r| r.quiescent).filter_map(|r| r.values[i].map(|v| (r.iter, v))).collect()
     }
 
-    /// Reads a samples file.
+    /// Reads a samples file: a regular file of at most [`MAX_FILE_BYTES`] (a FIFO would block
+    /// and a device such as /dev/zero never ends, so both are refused before they are opened).
     pub fn read(path: &Path) -> Result<Samples, SamplesError> {
-        let err = |line: usize, field: &str, message: String| SamplesError {
-            path: path.to_path_buf(),
-            line,
-            field: field.to_string(),
-            message,
-        };
-        let f = std::fs::File::open(path).map_err(|e| err(0, "file", e.to_string()))?;
-        Samples::parse(BufReader::new(f), path)
+        let err = |message: String| SamplesError { path: path.to_path_buf(), line: 0, field: "file".into(), message };
+        let meta = std::fs::metadata(path).map_err(|e| err(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(err("not a regular file (a directory, FIFO or device): give a samples.jsonl file".into()));
+        }
+        if meta.len() > MAX_FILE_BYTES {
+            return Err(err(format!(
+                "{} bytes, past the {} GiB a samples file may hold",
+                meta.len(),
+                MAX_FILE_BYTES >> 30
+            )));
+        }
+        let f = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
+        Samples::parse(BufReader::new(f.take(MAX_FILE_BYTES + 1)), path)
     }
 
     pub fn parse(reader: impl Read, path: &Path) -> Result<Samples, SamplesError> {
@@ -180,10 +245,10 @@ impl Samples {
             field: field.to_string(),
             message,
         };
-        let mut lines = BufReader::new(reader).lines();
+        let mut lines = BoundedLines::new(BufReader::new(reader));
         let first = match lines.next() {
             None => return Err(err(1, "header", "the file is empty: no header line".into())),
-            Some(l) => l.map_err(|e| err(1, "header", e.to_string()))?,
+            Some(l) => l.map_err(|e| err(1, "header", e))?,
         };
         let v: serde_json::Value =
             serde_json::from_str(&first).map_err(|e| err(1, "header", format!("not JSON: {e}")))?;
@@ -207,29 +272,17 @@ impl Samples {
                 }
             }
         }
-        let header: Header =
+        let mut header: Header =
             serde_json::from_value(v).map_err(|e| err(1, &header_field(&e.to_string()), e.to_string()))?;
-        for (name, spec) in &header.metrics {
-            if spec.kind == Kind::Bounded && spec.capacity.is_none() {
-                return Err(err(1, &format!("metrics.{name}.capacity"), "a bounded metric needs a capacity".into()));
-            }
-            if !UNITS.contains(&spec.unit.as_str()) {
-                return Err(err(
-                    1,
-                    &format!("metrics.{name}.unit"),
-                    format!("`{}` is not a unit this format takes: write values in `bytes` or as a `count`", spec.unit),
-                ));
-            }
-            if spec.quantum.is_some_and(|q| !(q.is_finite() && q > 0.0)) {
-                return Err(err(1, &format!("metrics.{name}.quantum"), "must be a positive number".into()));
-            }
-        }
+        check_header(&header).map_err(|(field, message)| err(1, &field, message))?;
+        warnings.extend(crate::relations::imply_v1(&mut header));
         let names: Vec<String> = header.metrics.keys().cloned().collect();
-        let mut rows = Vec::new();
+        let mut rows: Vec<Row> = Vec::new();
+        let mut end: Option<(usize, RunEnd)> = None;
         let mut pending: Option<(usize, String)> = None;
         for (i, line) in lines.enumerate() {
             let n = i + 2;
-            let line = line.map_err(|e| err(n, "line", e.to_string()))?;
+            let line = line.map_err(|e| err(n, "line", e))?;
             if let Some((pn, pl)) = pending.take() {
                 // A bad line followed by more lines is not a cut-short tail: report it.
                 return Err(bad_line(&err, pn, &pl));
@@ -237,10 +290,12 @@ impl Samples {
             if line.trim().is_empty() {
                 continue;
             }
+            if let Some((en, _)) = &end {
+                return Err(err(n, "end", format!("a sample after the run's end record (line {en})")));
+            }
             match serde_json::from_str::<SampleLine>(&line) {
                 Ok(s) => {
                     if let Some(prev) = rows.last() {
-                        let prev: &Row = prev;
                         if s.t.partial_cmp(&prev.t) != Some(std::cmp::Ordering::Greater) {
                             return Err(err(
                                 n,
@@ -259,6 +314,19 @@ impl Samples {
                     if !s.t.is_finite() {
                         return Err(err(n, "t", format!("{} is not a finite number of seconds", s.t)));
                     }
+                    if let Some(e) = s.end {
+                        end = Some((n, e));
+                        continue;
+                    }
+                    for (name, v) in &s.values {
+                        if !(v.is_finite() && v.abs() <= MAX_VALUE) {
+                            return Err(err(
+                                n,
+                                &format!("values.{name}"),
+                                format!("{v} is past what a level of bytes or a count can be (at most 2^53, where every integer is exact)"),
+                            ));
+                        }
+                    }
                     let values = names.iter().map(|m| s.values.get(m).copied()).collect();
                     rows.push(Row { t: s.t, iter: s.iter, quiescent: s.quiescent, values, checks: s.checks });
                 }
@@ -266,18 +334,59 @@ impl Samples {
             }
         }
         let truncated_tail = match pending {
-            Some((n, l)) if serde_json::from_str::<serde_json::Value>(&l).is_err() && !rows.is_empty() => {
-                let _ = n;
-                true
-            }
+            Some((_, l)) if serde_json::from_str::<serde_json::Value>(&l).is_err() && !rows.is_empty() => true,
             Some((n, l)) => return Err(bad_line(&err, n, &l)),
             None => false,
         };
         if rows.is_empty() {
             return Err(err(2, "sample", "no samples after the header".into()));
         }
-        Ok(Samples { header, names, rows, truncated_tail, warnings })
+        Ok(Samples { header, names, rows, truncated_tail, warnings, end: end.map(|e| e.1) })
     }
+
+    /// The last iteration sampled.
+    pub fn last_iter(&self) -> u64 {
+        self.rows.iter().map(|r| r.iter).max().unwrap_or(0)
+    }
+}
+
+/// A samples file may hold at most this many bytes: a sample a second for a year of metrics at
+/// 100 KiB a line is still under it, and a reader that takes more than it reads without end.
+pub const MAX_FILE_BYTES: u64 = 64 << 30;
+
+/// A value's magnitude at most: 2^53 bytes is 8 PiB, past any process's memory, and up to it an
+/// f64 holds every integer exactly, so slopes and sums stay finite and exact enough to judge.
+pub const MAX_VALUE: f64 = 9_007_199_254_740_992.0;
+
+/// The header's own consistency: every field a metric needs, every figure a number it can be.
+fn check_header(header: &Header) -> Result<(), (String, String)> {
+    for (name, spec) in &header.metrics {
+        if spec.kind == Kind::Bounded && spec.capacity.is_none() {
+            return Err((format!("metrics.{name}.capacity"), "a bounded metric needs a capacity".into()));
+        }
+        if !UNITS.contains(&spec.unit.as_str()) {
+            return Err((
+                format!("metrics.{name}.unit"),
+                format!("`{}` is not a unit this format takes: write values in `bytes` or as a `count`", spec.unit),
+            ));
+        }
+        if spec.quantum.is_some_and(|q| !(q.is_finite() && q > 0.0 && q <= MAX_VALUE)) {
+            return Err((format!("metrics.{name}.quantum"), "must be a positive number".into()));
+        }
+        let related = spec.within.iter().chain(&spec.overhead_of).chain(&spec.overhead_with).chain(&spec.reserved_by);
+        for other in related {
+            if !header.metrics.contains_key(other) {
+                return Err((
+                    format!("metrics.{name}"),
+                    format!("names `{other}` as a related metric, but the header has no such metric"),
+                ));
+            }
+        }
+    }
+    if header.planned_duration_s.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
+        return Err(("planned_duration_s".into(), "must be a positive number of seconds".into()));
+    }
+    Ok(())
 }
 
 fn bad_line(err: &impl Fn(usize, &str, String) -> SamplesError, n: usize, line: &str) -> SamplesError {
@@ -320,70 +429,5 @@ fn header_field(msg: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const HEADER: &str = r#"{"schema":"plateau.samples.v1","scenario":"s","seed":7,"backend":"cpu","metrics":{"a":{"kind":"gauge","unit":"bytes"},"b":{"kind":"bounded","unit":"count","capacity":4}}}"#;
-
-    fn parse(text: &str) -> Result<Samples, SamplesError> {
-        Samples::parse(text.as_bytes(), Path::new("x.jsonl"))
-    }
-
-    #[test]
-    fn reads_the_contract_example_and_ignores_unknown_fields() {
-        let s = parse(&format!(
-            "{HEADER}\n{{\"t\":0.5,\"iter\":1,\"quiescent\":true,\"values\":{{\"a\":10,\"b\":2,\"zzz\":1}},\"extra\":3}}\n"
-        ))
-        .unwrap();
-        assert_eq!(s.names, vec!["a", "b"]);
-        assert_eq!(s.rows[0].values, vec![Some(10.0), Some(2.0)]);
-        assert_eq!(s.quiescent_series(0), vec![(1, 10.0)]);
-    }
-
-    #[test]
-    fn errors_name_line_and_field() {
-        assert!(parse("").unwrap_err().to_string().contains("x.jsonl:1: header: the file is empty"));
-        let e = parse(&HEADER.replace("v1", "v2")).unwrap_err().to_string();
-        assert!(e.contains(":1: schema:") && e.contains("plateau.samples.v2"), "{e}");
-        let e = parse(&format!("{HEADER}\n{{\"t\":1,\"iter\":\"x\",\"quiescent\":true,\"values\":{{}}}}\n{{}}\n"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains(":2: iter: \"x\" is not"), "{e}");
-        let e = parse(&format!("{HEADER}\n")).unwrap_err().to_string();
-        assert!(e.contains("no samples"), "{e}");
-    }
-
-    #[test]
-    fn units_other_than_bytes_and_count_are_refused_by_metric() {
-        let e = parse(&HEADER.replace(r#""unit":"bytes""#, r#""unit":"KiB""#)).unwrap_err().to_string();
-        assert!(e.contains(":1: metrics.a.unit: `KiB`"), "{e}");
-    }
-
-    #[test]
-    fn time_must_increase() {
-        let row = |t: f64| format!("{{\"t\":{t},\"iter\":1,\"quiescent\":true,\"values\":{{}}}}");
-        let e = parse(&format!("{HEADER}\n{}\n{}\n{}\n", row(0.5), row(0.7), row(0.7))).unwrap_err().to_string();
-        assert!(e.contains("x.jsonl:4: t: 0.7 does not increase"), "{e}");
-    }
-
-    #[test]
-    fn an_unknown_kind_is_observed_with_a_warning() {
-        let s = parse(&format!(
-            "{}\n{{\"t\":0.5,\"iter\":1,\"quiescent\":true,\"values\":{{\"a\":1}}}}\n",
-            HEADER.replace(r#""kind":"gauge""#, r#""kind":"histogram""#)
-        ))
-        .unwrap();
-        assert_eq!(s.header.metrics["a"].kind, Kind::Observed);
-        assert!(s.warnings[0].contains("metrics.a.kind: `histogram`"), "{:?}", s.warnings);
-    }
-
-    #[test]
-    fn a_cut_short_last_line_is_tolerated_and_flagged() {
-        let s = parse(&format!(
-            "{HEADER}\n{{\"t\":0.5,\"iter\":1,\"quiescent\":true,\"values\":{{\"a\":1}}}}\n{{\"t\":1.0,\"it"
-        ))
-        .unwrap();
-        assert!(s.truncated_tail);
-        assert_eq!(s.rows.len(), 1);
-    }
-}
+#[path = "samples_tests.rs"]
+mod tests;

@@ -5,14 +5,18 @@ use serde::{Deserialize, Serialize};
 
 pub const VERDICT_SCHEMA: &str = "plateau.verdict.v1";
 
-/// A metric's or a run's status, in the order a report lists them (failures first).
+/// A metric's or a run's status, in the order a report lists them (failures first). Each is
+/// decided once, from evidence: a pass is judged and passed (its reason says what it saw, growth
+/// that levelled off included); what the evidence cannot decide is inconclusive, never a pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
+    /// Judged and passed. Files written before statuses were three read their `warn` as this:
+    /// it exited 0 then too.
+    #[serde(alias = "warn")]
     Pass,
-    /// Judged and passed, with something a person should read (growth that levelled off).
-    Warn,
-    /// Too little evidence to judge (a run too short for its warm-up, no quiescent values).
+    /// Too little evidence to judge (a run too short for its warm-up, no quiescent values, growth
+    /// whose end this run cannot tell).
     Inconclusive,
     Fail,
 }
@@ -21,7 +25,6 @@ impl Status {
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Pass => "pass",
-            Status::Warn => "warn",
             Status::Inconclusive => "inconclusive",
             Status::Fail => "fail",
         }
@@ -51,8 +54,10 @@ pub struct Trend {
     /// Robust scale of the series around its fitted line (1.4826 x the median absolute deviation).
     pub noise: f64,
     /// The smallest steady growth this run resolves: a linear leak at this rate, added to this
-    /// series, fails it. Unit per iteration.
-    pub resolution_per_iter: f64,
+    /// series, fails it. Unit per iteration; absent (null) when no rate the search tried failed
+    /// it: the series cannot resolve a steady leak at all.
+    #[serde(default)]
+    pub resolution_per_iter: Option<f64>,
     /// The same per request (absent when the run counts no requests).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolution_per_request: Option<f64>,
@@ -139,7 +144,7 @@ pub struct MetricVerdict {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Verdict {
     pub schema: String,
-    /// "pass", "fail" or "inconclusive" (never "warn").
+    /// "pass", "fail" or "inconclusive".
     pub verdict: Status,
     /// True when the run was interrupted or its samples cut short.
     pub incomplete: bool,
@@ -164,6 +169,14 @@ pub struct Verdict {
     /// The tolerance the gauges were judged with, as given (`1B/request`).
     #[serde(default)]
     pub tolerance: String,
+    /// The length the run planned, as its samples header recorded it (absent for a run bound by
+    /// time, or samples from a writer that records none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_iterations: Option<u64>,
+    /// Settings this verdict was judged with that differ from what the samples recorded
+    /// (`plateau analyze --tolerance ...`); empty for the run's own verdict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<String>,
     /// What the reader or the detector noticed about the input itself.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -201,5 +214,74 @@ impl Verdict {
 
     pub fn inconclusive(&self) -> bool {
         self.verdict == Status::Inconclusive
+    }
+
+    /// The first figure that is not a finite number, by where it is: JSON has no such numbers,
+    /// so a verdict holding one could not be read back. None when every figure is finite.
+    pub fn non_finite(&self) -> Option<String> {
+        let mut bad = Vec::new();
+        let mut check = |what: String, x: Option<f64>| {
+            if x.is_some_and(|x| !x.is_finite()) {
+                bad.push(what);
+            }
+        };
+        check("requests_per_iter".into(), self.requests_per_iter);
+        check("seconds_per_iter".into(), self.seconds_per_iter);
+        for m in &self.metrics {
+            check(format!("{}.max_value", m.name), m.max_value);
+            if let Some(t) = &m.trend {
+                for (field, x) in [
+                    ("slope_per_iter", Some(t.slope_per_iter)),
+                    ("slope_per_hour", Some(t.slope_per_hour)),
+                    ("growth_after_warmup", Some(t.growth_after_warmup)),
+                    ("tail_slope_per_iter", Some(t.tail_slope_per_iter)),
+                    ("z", Some(t.z)),
+                    ("p_value", Some(t.p_value)),
+                    ("tail_p_value", Some(t.tail_p_value)),
+                    ("quantum", Some(t.quantum)),
+                    ("noise", Some(t.noise)),
+                    ("resolution_per_iter", t.resolution_per_iter),
+                    ("resolution_per_request", t.resolution_per_request),
+                    ("tolerance_per_iter", Some(t.tolerance_per_iter)),
+                    ("noise_resolution_per_iter", t.noise_resolution_per_iter),
+                ] {
+                    check(format!("{}.trend.{field}", m.name), x);
+                }
+            }
+            if let Some(p) = &m.projected {
+                for (field, x) in [
+                    ("per_request", p.per_request),
+                    ("per_million_requests", p.per_million_requests),
+                    ("per_day", p.per_day),
+                ] {
+                    check(format!("{}.projected.{field}", m.name), x);
+                }
+            }
+            for s in &m.sites {
+                check(format!("{}.sites.bytes_per_iter", m.name), s.bytes_per_iter);
+                check(format!("{}.sites.bytes_per_request", m.name), s.bytes_per_request);
+                check(format!("{}.sites.objects_per_iter", m.name), s.objects_per_iter);
+            }
+        }
+        bad.into_iter().next()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_warn_reads_as_a_pass_and_an_unresolved_rate_reads_back() {
+        assert_eq!(serde_json::from_str::<Status>("\"warn\"").unwrap(), Status::Pass);
+        let t: Trend = serde_json::from_value(serde_json::json!({
+            "slope_per_iter": 1.0, "slope_per_hour": 1.0, "growth_after_warmup": 1.0, "tail_slope_per_iter": 1.0,
+            "test": "mann-kendall/hamed-rao", "z": 1.0, "p_value": 0.5, "tail_p_value": 0.5, "points": 20,
+            "quantum": 1.0, "noise": 1.0, "resolution_per_iter": null, "tolerance_per_iter": 0.0
+        }))
+        .unwrap();
+        assert_eq!(t.resolution_per_iter, None);
+        let back: Trend = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(back, t);
     }
 }

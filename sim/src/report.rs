@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use plateau_detector::{analyze, warmup_rule, DetectorConfig};
+use plateau_detector::{judge, warmup_rule};
 use plateau_engine::{FinishReason, Metric};
 use plateau_reports::{Header, Kind, Row, Samples, SAMPLES_SCHEMA};
 use plateau_scenario::spec_of;
@@ -107,10 +107,22 @@ impl RunReport {
             metrics,
             warmup_iterations: Some(warmup_iterations),
             injections: spec.injections.iter().map(|i| i.name().to_string()).collect(),
+            ..Header::default()
         };
-        let s = Samples { header, names, rows, truncated_tail: false, warnings: Vec::new() };
-        let cfg = DetectorConfig { warmup_iterations, ..DetectorConfig::default() };
-        let verdict = analyze(&s, &cfg, false);
+        let s = Samples { header, names, rows, truncated_tail: false, warnings: Vec::new(), end: None };
+        // The soak's one judge, on what this run recorded.
+        let verdict = match judge(&s) {
+            Ok(v) => v,
+            Err(e) => {
+                self.violations.push(Violation {
+                    invariant: "samples-judged",
+                    node: "sim".into(),
+                    t_ms: self.sim_ms,
+                    detail: format!("the samples could not be judged: {e}"),
+                });
+                return;
+            }
+        };
         for m in verdict.metrics.iter().filter(|m| m.status == plateau_reports::Status::Fail) {
             let (node, _) = m.name.split_once('.').unwrap_or(("?", ""));
             let at = samples.iter().find(|x| Some(x.0) == m.first_iter).map_or(self.sim_ms, |x| (x.1 * 1000.0) as u64);

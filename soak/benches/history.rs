@@ -31,7 +31,7 @@ fn night(k: u64) -> RunRecord {
         t.push_str(&format!("{{\"t\":{i},\"iter\":{i},\"quiescent\":true,\"values\":{{{}}}}}\n", values.join(",")));
     }
     let samples = Samples::parse(t.as_bytes(), Path::new("bench.jsonl")).unwrap();
-    let verdict = analyze(&samples, &DetectorConfig::default(), false);
+    let verdict = analyze(&samples, &DetectorConfig::default(), None);
     RunRecord {
         dir: format!("runs/night-{k}").into(),
         samples_sha256: format!("{k:064x}"),

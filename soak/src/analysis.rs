@@ -1,75 +1,60 @@
-//! The shell around the detector: read a samples file, judge it, add what the run directory
-//! knows beyond the samples (mapping snapshots, registry residues, heap growth by site), and write verdict.json and plots.
+//! The shell around the detector: the one judge of a run. [`judge_run`] reads a samples file,
+//! judges it with what it recorded (`plateau_detector::judge`), and adds what the run directory
+//! knows beyond the samples (registry residues, heap growth by site, mapping snapshots); every
+//! command that shows or stores a verdict takes it from there or from the verdict.json written
+//! from it, and none judges with other settings behind the user's back.
 
 use std::path::Path;
 
 use plateau_reports::{Samples, Site, Status, Verdict};
 
-use crate::detector::{analyze, warmup_rule, DetectorConfig, Per, Tolerance};
-use crate::fsutil::{source_function, write_atomic};
+use crate::detector::Overrides;
+use crate::fsutil::{read_run_json, source_function, write_atomic};
 use crate::system::Residue;
 
-/// How a samples file is judged: what the user said, beyond what the file says.
-#[derive(Debug, Clone, Default)]
-pub struct JudgeOptions {
-    /// `--warmup`: overrides the header's warm-up (see [`crate::detector::warmup_rule`]).
-    pub warmup: Option<u64>,
-    /// `--tolerance` or the scenario's; None: the default.
-    pub tolerance: Option<Tolerance>,
-    /// The tolerance came from the user (a per-request one then needs a request counter).
-    pub tolerance_explicit: bool,
-    /// The run was interrupted (a verdict already beside the samples may also say so).
-    pub incomplete: bool,
+/// The verdict of the samples at `samples`, a function of what is on disk: the samples (their
+/// header's warm-up, tolerance and planned length; their end record), and beside them the
+/// residues, growth sites and mapping snapshots the run left. `overrides` judges with other
+/// settings (`plateau analyze --tolerance`), named in the verdict. Errors are input errors (exit
+/// 2), each naming the file, line and field.
+pub fn judge_run(samples: &Path, overrides: &Overrides) -> Result<(Samples, Verdict), String> {
+    let s = Samples::read(samples).map_err(|e| e.to_string())?;
+    let v = judge_read(&s, samples, overrides)?;
+    Ok((s, v))
 }
 
-/// Reads `samples`, judges it and, when a mapping snapshot lies beside it, names the mappings
-/// that grew for every metric judged to grow outside the heap. A verdict.json already beside the
-/// samples that says the run was incomplete keeps the new verdict incomplete too. Errors are
-/// input errors (exit 2), each naming the file, line and field or the flag.
-pub fn judge_file(samples: &Path, o: &JudgeOptions) -> Result<(Samples, Verdict), String> {
-    let s = Samples::read(samples).map_err(|e| e.to_string())?;
-    let iterations = s.rows.iter().map(|r| r.iter).max().unwrap_or(0);
-    let warmup_iterations = warmup_rule(o.warmup, s.header.warmup_iterations, Some(iterations))?;
-    let cfg =
-        DetectorConfig { warmup_iterations, tolerance: o.tolerance.unwrap_or_default(), ..DetectorConfig::default() };
-    // What only the run itself knew (it was cut short, its target died, some points were sampled
-    // unsettled) is kept from the verdict already beside the samples.
-    let earlier = std::fs::read(samples.with_file_name("verdict.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Verdict>(&b).ok());
-    let earlier_incomplete = earlier.as_ref().is_some_and(|v| v.incomplete);
-    let mut v = analyze(&s, &cfg, o.incomplete || earlier_incomplete);
-    if let Some(e) = earlier {
-        v.target_exit = e.target_exit;
-        v.settle_timeouts = e.settle_timeouts;
-    }
-    if o.tolerance_explicit && v.requests_per_iter.is_none() && cfg.tolerance.per == Per::Request {
-        return Err(format!(
-            "--tolerance {}: {} counts no requests (no counter with the role `requests` in its header), so a tolerance per request cannot be applied; give it per iteration",
-            cfg.tolerance,
-            samples.display()
-        ));
-    }
-    if let Some(residues) = std::fs::read(samples.with_file_name("residues.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Vec<Residue>>(&b).ok())
-    {
+/// [`judge_run`] of samples already read from `samples`.
+pub fn judge_read(s: &Samples, samples: &Path, overrides: &Overrides) -> Result<Verdict, String> {
+    let mut v = crate::detector::judge_with(s, overrides).map_err(|e| format!("{}: {e}", samples.display()))?;
+    if let Some(residues) = read_run_json::<Vec<Residue>>(&samples.with_file_name("residues.json")) {
         name_insertion_sites(&residues, &mut v);
     }
-    if let Some(g) = std::fs::read(samples.with_file_name("growth.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<crate::heapprof::GrowthRecord>(&b).ok())
-    {
+    if let Some(g) = read_run_json::<crate::heapprof::GrowthRecord>(&samples.with_file_name("growth.json")) {
         name_growth_sites(&g, &mut v);
     }
     note_node_heaps(&mut v);
-    let snap_path = samples.with_file_name("mappings.json");
-    if let Some(snap) =
-        std::fs::read(&snap_path).ok().and_then(|b| serde_json::from_slice::<crate::mappings::Snapshots>(&b).ok())
-    {
+    if let Some(snap) = read_run_json::<crate::mappings::Snapshots>(&samples.with_file_name("mappings.json")) {
         crate::mappings::name_grown(&snap, &mut v);
     }
-    Ok((s, v))
+    Ok(v)
+}
+
+/// The settings of `asked` that differ from what `s` recorded (the same value is no override).
+pub fn differing(s: &Samples, asked: &Overrides) -> Result<Overrides, String> {
+    let recorded_warmup = s.header.warmup_iterations.unwrap_or(crate::detector::DEFAULT_WARMUP_ITERATIONS);
+    let recorded_tolerance = match &s.header.tolerance {
+        Some(t) => t.parse::<crate::detector::Tolerance>().map_err(|e| format!("header: tolerance: {e}"))?,
+        None => crate::detector::Tolerance::default(),
+    };
+    Ok(Overrides {
+        warmup: asked.warmup.filter(|w| *w != recorded_warmup),
+        tolerance: asked.tolerance.filter(|t| *t != recorded_tolerance),
+    })
+}
+
+/// The verdict a run wrote (its verdict.json), if there is one that reads.
+pub fn recorded_verdict(dir: &Path) -> Option<Verdict> {
+    read_run_json(&dir.join("verdict.json"))
 }
 
 /// Names, for the heap metric a profiled replay explained, the allocation sites of its growth; or
@@ -182,9 +167,11 @@ fn name_insertion_sites(residues: &[Residue], v: &mut Verdict) {
     }
 }
 
-/// Writes verdict.json and the plots into `dir`. Plot failures are reported, not fatal.
+/// Writes verdict.json, the plots and report.html into `dir`. Plot failures are reported, not
+/// fatal.
 pub fn write_outputs(dir: &Path, s: &Samples, v: &Verdict) -> std::io::Result<()> {
-    write_outputs_against(dir, s, v, None)
+    write_verdict(dir, v)?;
+    draw(dir, s, v, None)
 }
 
 /// A run to compare against in report.html (`plateau report --baseline`).
@@ -214,23 +201,27 @@ const LINKED_FILES: [&str; 16] = [
     "shrink/minimal.toml",
 ];
 
-/// Writes verdict.json, the plots and report.html into `dir` (each whole or not at all), with a
-/// baseline's comparison in the report when one is given.
-pub fn write_outputs_against(
-    dir: &Path,
-    s: &Samples,
-    v: &Verdict,
-    baseline: Option<&BaselineRun>,
-) -> std::io::Result<()> {
+/// Writes verdict.json into `dir`, whole or not at all.
+pub fn write_verdict(dir: &Path, v: &Verdict) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
+    if let Some(what) = v.non_finite() {
+        // JSON has no such number: a verdict holding one could not be read back.
+        return Err(std::io::Error::other(format!("the verdict's {what} is not a finite number (a bug in plateau)")));
+    }
     let mut json = serde_json::to_string_pretty(v).map_err(std::io::Error::other)?;
     json.push('\n');
-    write_atomic(&dir.join("verdict.json"), json.as_bytes())?;
+    write_atomic(&dir.join("verdict.json"), json.as_bytes())
+}
+
+/// Draws the plots and report.html of a verdict into `dir` (each whole or not at all), with a
+/// baseline's comparison in the report when one is given. It never writes the verdict: redrawing
+/// is not judging.
+pub fn draw(dir: &Path, s: &Samples, v: &Verdict, baseline: Option<&BaselineRun>) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
     if let Err(e) = plateau_reports::plot::plot_run(s, v, dir) {
         eprintln!("plateau: warning: plots in {} not drawn: {e}", dir.display());
     }
-    let environment: Option<plateau_reports::Environment> =
-        std::fs::read(dir.join("environment.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let environment: Option<plateau_reports::Environment> = read_run_json(&dir.join("environment.json"));
     let input = plateau_reports::html::ReportInput {
         samples: s,
         verdict: v,
@@ -246,14 +237,16 @@ pub fn write_outputs_against(
     write_atomic(&dir.join("report.html"), html.as_bytes())
 }
 
-/// A short human summary of a verdict: the summary line, then each failing or warning metric.
+/// A short human summary of a verdict: the summary line, then each failing or undecided metric.
 pub fn describe(v: &Verdict) -> String {
     let mut out = format!("verdict: {}{}\n", v.summary, if v.incomplete { " (incomplete)" } else { "" });
+    if !v.overrides.is_empty() {
+        out.push_str(&format!("  judged with {} (not the run's own settings)\n", v.overrides.join(" ")));
+    }
     for m in v.metrics.iter().filter(|m| m.status != Status::Pass) {
         let status = match m.status {
             Status::Fail => "FAIL",
-            Status::Inconclusive => "inconclusive",
-            _ => "warn",
+            _ => "inconclusive",
         };
         out.push_str(&format!("  {status} {} ({}): {}", m.name, m.kind, m.reason));
         if let Some(l) = &m.location {

@@ -94,12 +94,31 @@ fn arena() -> Option<u32> {
         0 => {}
         a => return Some(a - 1),
     }
-    // SAFETY: `arenas.create` is a documented read-only mallctl of type unsigned.
-    let created: u32 = unsafe { tikv_jemalloc_ctl::raw::read(b"arenas.create\0") }.ok()?;
+    // The arena maps its extents through the same recording hooks as every other arena, so that
+    // its pages are the allocator's too (crate::extents).
+    let created = create_arena(crate::extents::hooks())?;
     match ARENA.compare_exchange(0, created + 1, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => Some(created),
         Err(other) => Some(other - 1),
     }
+}
+
+/// `arenas.create`, with `hooks` as the new arena's extent hooks when given.
+fn create_arena(hooks: Option<*mut sys::extent_hooks_t>) -> Option<u32> {
+    let mut index: u32 = 0;
+    let mut len = std::mem::size_of::<u32>();
+    let mut hooks_ptr = hooks.unwrap_or(std::ptr::null_mut());
+    let (newp, newlen) = match hooks {
+        Some(_) => {
+            ((&mut hooks_ptr as *mut *mut sys::extent_hooks_t).cast(), std::mem::size_of::<*mut sys::extent_hooks_t>())
+        }
+        None => (std::ptr::null_mut(), 0),
+    };
+    // SAFETY: `arenas.create` is a documented mallctl: it writes the new index (unsigned) to oldp
+    // and takes an optional extent_hooks_t * as newp, which points at a never-freed table.
+    let rc =
+        unsafe { sys::mallctl(c"arenas.create".as_ptr(), (&mut index as *mut u32).cast(), &mut len, newp, newlen) };
+    (rc == 0).then_some(index)
 }
 
 /// While alive, this thread allocates in the harness arena. Scopes nest.

@@ -14,6 +14,8 @@ pub struct RunIdentity<'a> {
     pub seed: u64,
     pub backend: &'a str,
     pub target: Option<&'a str>,
+    /// The arguments of `plateau run` that shaped the run (see `Environment::replay_args`).
+    pub replay_args: Vec<String>,
 }
 
 fn read_trimmed(path: &str) -> String {
@@ -118,6 +120,7 @@ pub fn collect(s: &Scenario, id: &RunIdentity) -> Environment {
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get() as u64),
         memory_bytes: memory_bytes(),
         gpu: gpu(),
+        replay_args: id.replay_args.clone(),
     }
 }
 

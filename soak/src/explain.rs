@@ -10,19 +10,19 @@ use plateau_reports::{Samples, Status, Verdict};
 use crate::detector::gauge::fmt_value;
 use crate::heapprof::GrowthRecord;
 
-/// The story of the run in `dir`, or what is missing to tell it.
-pub fn explain(dir: &Path) -> Result<String, String> {
+/// The story of the run in `dir` and the verdict it tells, or what is missing to tell it.
+pub fn explain(dir: &Path) -> Result<(String, Verdict), String> {
     let samples = dir.join("samples.jsonl");
     if !samples.exists() {
         return Err(format!("{}: no samples.jsonl: not a run directory of plateau", dir.display()));
     }
     let path = dir.join("verdict.json");
-    let v: Verdict = std::fs::read(&path)
-        .map_err(|e| format!("{}: {e} (run `plateau report {}` to judge the samples)", path.display(), dir.display()))
+    let v: Verdict = crate::fsutil::read_input(&path, crate::fsutil::RUN_FILE_BYTES)
+        .map_err(|e| format!("{e} (run `plateau report {}` to judge the samples)", dir.display()))
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", path.display())))?;
     let samples = Samples::read(&samples).map_err(|e| e.to_string())?;
-    let growth: Option<GrowthRecord> =
-        std::fs::read(dir.join("growth.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let growth: Option<GrowthRecord> = crate::fsutil::read_run_json(&dir.join("growth.json"));
+    let environment: Option<plateau_reports::Environment> = crate::fsutil::read_run_json(&dir.join("environment.json"));
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -65,7 +65,14 @@ pub fn explain(dir: &Path) -> Result<String, String> {
                         let _ = write!(out, ", {} per day at this run's pace", fmt_value(d, u));
                     }
                 }
-                let _ = writeln!(out, " (the run resolves {}/iteration)", fmt_value(t.resolution_per_iter, u));
+                match t.resolution_per_iter {
+                    Some(r) => {
+                        let _ = writeln!(out, " (the run resolves {}/iteration)", fmt_value(r, u));
+                    }
+                    None => {
+                        let _ = writeln!(out);
+                    }
+                }
             }
             (None, _) => {
                 let _ = writeln!(out, "  {}", m.reason.split("; left by").next().unwrap_or(&m.reason));
@@ -113,12 +120,11 @@ pub fn explain(dir: &Path) -> Result<String, String> {
             let _ = writeln!(out, "{a}");
         }
     }
-    let inj: String = v.injections.iter().map(|i| format!(" --inject {i}")).collect();
-    let _ = writeln!(out, "\nreplay: plateau run {} --seed {} --iterations {}{inj}", v.scenario, v.seed, v.iterations);
+    let _ = writeln!(out, "\nreplay: {}", plateau_reports::replay_command(&v, environment.as_ref()));
     if let Some(g) = growth {
         let _ = writeln!(out, "profiled replay (growth.txt, growth.pb.gz, growth.svg): {}", g.command);
     }
-    Ok(out)
+    Ok((out, v))
 }
 
 /// The iteration since which a series has stayed more than `margin` above its first point (the

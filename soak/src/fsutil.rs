@@ -16,6 +16,40 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     })
 }
 
+/// The bytes of a file the user or a run named as input, at most `max_bytes`: a FIFO would block
+/// and a device such as /dev/zero never ends, so anything but a regular file is refused before
+/// it is opened, and so is one past the limit. The error names the path.
+pub fn read_input(path: &Path, max_bytes: u64) -> Result<Vec<u8>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{}: not a regular file (a directory, FIFO or device)", path.display()));
+    }
+    if meta.len() > max_bytes {
+        return Err(format!("{}: {} bytes, past the {max_bytes} this input may hold", path.display(), meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(f, max_bytes + 1), &mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(format!(
+            "{}: grew past the {max_bytes} bytes this input may hold while it was read",
+            path.display()
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The JSON a run left beside its samples (residues, growth sites, mappings, its verdict), if it
+/// is there and reads: at most [`RUN_FILE_BYTES`]. What cannot be read is left out, as absent.
+pub fn read_run_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
+    read_input(path, RUN_FILE_BYTES).ok().and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// A run's own JSON files stay far under this: a mapping snapshot of a process with thousands
+/// of mappings is a few MiB.
+pub const RUN_FILE_BYTES: u64 = 256 << 20;
+
 /// The function a source line is in, read from the source when it is at hand (the tree plateau
 /// was built from): the nearest `fn NAME` at or above the line.
 pub fn source_function(file: &str, line: u32) -> Option<String> {

@@ -31,6 +31,7 @@ pub mod arena;
 pub mod driver;
 pub mod environment;
 pub mod explain;
+pub mod extents;
 pub mod external;
 pub mod fsutil;
 pub mod heapprof;

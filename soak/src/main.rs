@@ -64,6 +64,9 @@ pub(crate) enum Cmd {
 }
 
 fn main() -> ExitCode {
+    // Before anything maps memory of its own: the allocator's address space is told apart from
+    // the rest from here on (`proc.anon_outside_heap`).
+    plateau_soak::extents::install();
     let cli = Cli::parse();
     match std::panic::catch_unwind(move || dispatch(cli)) {
         Ok(code) => ExitCode::from(code),

@@ -114,6 +114,7 @@ impl Default for ProcessProbes {
 
 impl ProcessProbes {
     pub fn new() -> Self {
+        crate::extents::install();
         ProcessProbes { proc: Process::myself().ok() }
     }
 
@@ -129,9 +130,7 @@ impl ProcessProbes {
                 "bytes" => PAGE,
                 _ => 1.0,
             });
-            // Resident file-backed pages live inside the file mappings.
-            let within = (p == "rss_file").then(|| format!("{prefix}proc.file_bytes"));
-            m.insert(format!("{prefix}proc.{p}"), MetricSpec { quantum, within, ..MetricSpec::new(Kind::Gauge, unit) });
+            m.insert(format!("{prefix}proc.{p}"), MetricSpec { quantum, ..MetricSpec::new(Kind::Gauge, unit) });
         }
         m
     }
@@ -147,15 +146,16 @@ impl ProcessProbes {
     ) {
         let t0 = Instant::now();
         settle_allocator(settle);
-        let whole_heap = read_jemalloc(prefix, values);
+        read_jemalloc(prefix, values);
         let t1 = Instant::now();
         cost_us.insert("jemalloc".into(), (t1 - t0).as_secs_f64() * 1e6);
         if let Some(p) = &self.proc {
             read_proc(p, prefix, values);
         }
-        // The harness arena's pages are anonymous memory jemalloc made, too.
-        if let (Some(anon), Some(heap)) = (values.get(&format!("{prefix}proc.rss_anon")), whole_heap) {
-            values.insert(format!("{prefix}proc.anon_outside_heap"), anon - heap);
+        // Anonymous memory outside every range the allocator mapped (the harness arena's
+        // included), page by page: see crate::extents.
+        if let Some(outside) = crate::extents::outside_anon_bytes() {
+            values.insert(format!("{prefix}proc.anon_outside_heap"), outside);
         }
         if settle != Settle::Purge {
             for name in PURGED_ONLY {
@@ -191,11 +191,10 @@ impl ProcessProbes {
 pub const MALLOC_CONF: &std::ffi::CStr = c"dirty_decay_ms:-1,muzzy_decay_ms:-1,tcache:false";
 
 /// Advances jemalloc's epoch and reads its statistics, less the harness arena's share (see
-/// `arena.rs`: what the sampling itself holds is not the engine's). Returns the whole process's
-/// resident heap, which the kernel's RssAnon is compared with.
-pub fn read_jemalloc(prefix: &str, values: &mut BTreeMap<String, f64>) -> Option<f64> {
+/// `arena.rs`: what the sampling itself holds is not the engine's).
+pub fn read_jemalloc(prefix: &str, values: &mut BTreeMap<String, f64>) {
     if tikv_jemalloc_ctl::epoch::advance().is_err() {
-        return None;
+        return;
     }
     let h = crate::arena::harness_share();
     let share = [h.allocated, h.active, h.resident, h.mapped, h.metadata, h.retained];
@@ -208,13 +207,11 @@ pub fn read_jemalloc(prefix: &str, values: &mut BTreeMap<String, f64>) -> Option
         stats::metadata::read(),
         stats::retained::read(),
     ];
-    let whole_resident = reads[2].as_ref().ok().map(|v| *v as f64);
     for (((name, _, _), r), harness) in JEMALLOC.iter().zip(reads).zip(share) {
         if let Ok(v) = r {
             values.insert(format!("{prefix}jemalloc.{name}"), v as f64 - harness);
         }
     }
-    whole_resident
 }
 
 /// Mapping totals by kind.

@@ -176,12 +176,15 @@ fn detail(c: &Case, v: &Verdict) -> String {
     let Some(m) = v.metrics.iter().find(|m| m.name == metric) else { return String::new() };
     let at = m.first_iter.map(|f| format!("{metric} caught at iteration {f}")).unwrap_or_default();
     match &m.trend {
-        Some(t) => format!(
-            "{at}: {}/iteration measured, resolution {}/iteration ({:.0}x)",
-            fmt_value(t.slope_per_iter, &m.unit),
-            fmt_value(t.resolution_per_iter, &m.unit),
-            t.slope_per_iter / t.resolution_per_iter
-        ),
+        Some(t) => match t.resolution_per_iter {
+            Some(r) => format!(
+                "{at}: {}/iteration measured, resolution {}/iteration ({:.0}x)",
+                fmt_value(t.slope_per_iter, &m.unit),
+                fmt_value(r, &m.unit),
+                t.slope_per_iter / r
+            ),
+            None => format!("{at}: {}/iteration measured", fmt_value(t.slope_per_iter, &m.unit)),
+        },
         None => at,
     }
 }

@@ -79,7 +79,9 @@ fn every_trigger_of_the_mixed_scenario_goes_over_the_api_and_leaves_no_registry_
     // short, so only the exact layer is asserted: nothing per-request left, nothing over capacity.
     let (o, out) = soak_served("mixed", "mixed", "mixed", &["--iterations", "25", "--warmup", "5"]);
     let err = stderr(&o);
-    assert!(matches!(o.status.code(), Some(0 | 1)), "{err}");
+    // 20 points after warm-up may leave a gauge's growth undecided (4): the gauges are not this
+    // test's, and nothing here is read as a pass of them.
+    assert!(matches!(o.status.code(), Some(0 | 1 | 4)), "{err}");
     let summary = err.lines().find(|l| l.contains("iterations in")).unwrap();
     // Aborts (closed streams), invalid requests (4xx) and images (chat) all went over the API.
     assert!(!summary.contains(" 0 aborted"), "{summary}");

@@ -125,7 +125,8 @@ fn history_refuses_what_it_cannot_read_and_writes_nothing_half() {
     let bare = root.join("bare");
     std::fs::create_dir_all(&bare).unwrap();
     std::fs::copy(good.join("samples.jsonl"), bare.join("samples.jsonl")).unwrap();
-    // All or nothing: the good run is not stored when another directory has no verdict.
+    std::fs::write(bare.join("verdict.json"), "{\"schema\": \"plateau.verdict.v1\", \"verd").unwrap();
+    // All or nothing: the good run is not stored when another directory's verdict is unreadable.
     let o = plateau(&["history", "add", s(&good), s(&bare), "--db", s(&db)]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("bare/verdict.json"), "{}", text(&o));

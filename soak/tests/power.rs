@@ -7,7 +7,7 @@
 use std::process::Command;
 
 use plateau_reports::{Samples, Status};
-use plateau_soak::detector::{analyze, DetectorConfig};
+use plateau_soak::detector::judge;
 
 #[test]
 fn a_64_byte_per_iteration_heap_leak_fails_a_default_length_run() {
@@ -20,11 +20,9 @@ fn a_64_byte_per_iteration_heap_leak_fails_a_default_length_run() {
     assert_eq!(o.status.code(), Some(0), "the clean run must pass: {}", String::from_utf8_lossy(&o.stderr));
     let clean = Samples::read(&dir.join("samples.jsonl")).unwrap();
     let i = clean.index("jemalloc.allocated").unwrap();
-    let cfg =
-        DetectorConfig { warmup_iterations: clean.header.warmup_iterations.unwrap(), ..DetectorConfig::default() };
-    let own = analyze(&clean, &cfg, false);
+    let own = judge(&clean).unwrap();
     let heap = own.metrics.iter().find(|m| m.name == "jemalloc.allocated").unwrap();
-    let resolution = heap.trend.as_ref().unwrap().resolution_per_iter;
+    let resolution = heap.trend.as_ref().unwrap().resolution_per_iter.expect("a clean heap resolves a rate");
     let mut smallest = None;
     for bytes_per_iter in [4.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 128.0] {
         let mut s = clean.clone();
@@ -33,7 +31,7 @@ fn a_64_byte_per_iteration_heap_leak_fails_a_default_length_run() {
                 *v += bytes_per_iter * r.iter as f64;
             }
         }
-        let v = analyze(&s, &cfg, false);
+        let v = judge(&s).unwrap();
         let m = v.metrics.iter().find(|m| m.name == "jemalloc.allocated").unwrap();
         println!("{bytes_per_iter:>6} B/iteration: {:?}, first conclusive at {:?}", m.status, m.first_iter);
         if m.status == Status::Fail && smallest.is_none() {

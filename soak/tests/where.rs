@@ -85,8 +85,9 @@ fn the_heap_leak_is_named_at_its_line_in_the_verdict_growth_files_and_explain() 
     let svg = std::fs::read_to_string(d.join("growth.svg")).unwrap();
     assert!(svg.starts_with("<?xml") && svg.contains("finalize"), "growth.svg is not a flame graph of the site");
 
+    // explain tells the story and exits with the verdict's code, as every subcommand does.
     let o = plateau(&["explain", d.to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let story = String::from_utf8_lossy(&o.stdout);
     for want in
         ["jemalloc.allocated (gauge), growing since iteration", &here, "replay: plateau run n-sampling --seed 0"]

@@ -4,28 +4,20 @@
 //! 64 KiB of fault-around at a time) raise the first in steps while the second stays put: that is
 //! a fill towards a fixed ceiling, not memory taken. Mappings that grow are judged as themselves.
 //!
-//! A bound comes from the samples header (`within`), or for the samples v1 families from what the
-//! family is (`ROLE.proc.rss_file` within `ROLE.proc.file_bytes`). The bounded gauge is first
-//! judged alone (`gauge.rs`); when that is not a pass, it passes here only if its bound has values
-//! at the same points, was itself judged to level off (pass or warn, never fail or inconclusive),
-//! and the gauge never rose above it.
+//! A bound is a relation the samples header declares (`within`; the reader fills in the v1
+//! families' own where a writer declared none). The bounded gauge is first judged alone
+//! (`gauge.rs`); when that is not a pass, the bound is the evidence that decides it: it passes
+//! only if it was judged on enough points of its own (a trend), its bound has values at the same
+//! points, was itself judged a pass (never fail or inconclusive), and the gauge never rose above
+//! it. A bound that did not pass leaves the gauge's own verdict as it was.
 
 use plateau_reports::{MetricVerdict, Samples, Status};
 
 use super::gauge::fmt_value;
 
-/// The v1 families whose bound is known from what they are: (family, bounding family).
-const FAMILY_BOUNDS: [(&str, &str); 1] = [("proc.rss_file", "proc.file_bytes")];
-
-/// The gauge that bounds `name`, if any.
+/// The gauge that bounds `name`, as the header declares it.
 pub fn bound_of(s: &Samples, name: &str) -> Option<String> {
-    if let Some(w) = s.header.metrics.get(name).and_then(|m| m.within.clone()) {
-        return Some(w);
-    }
-    FAMILY_BOUNDS.iter().find_map(|(family, bound)| {
-        let prefix = name.strip_suffix(family)?;
-        (prefix.is_empty() || prefix.ends_with('.')).then(|| format!("{prefix}{bound}"))
-    })
+    s.header.metrics.get(name).and_then(|m| m.within.clone())
 }
 
 /// Quiescent (iteration, value) points of a metric.
@@ -41,7 +33,7 @@ pub fn apply(s: &Samples, metrics: &mut [MetricVerdict]) {
     {
         let Some(bound) = bound_of(s, &m.name) else { continue };
         let Some((_, bstatus, _)) = bound_status.iter().find(|b| b.0 == bound) else { continue };
-        if !matches!(bstatus, Status::Pass | Status::Warn) || m.trend.is_none() {
+        if *bstatus != Status::Pass || m.trend.is_none() {
             continue;
         }
         let own = series(s, &m.name);
@@ -55,6 +47,7 @@ pub fn apply(s: &Samples, metrics: &mut [MetricVerdict]) {
         m.status = Status::Pass;
         m.first_iter = None;
         m.projected = None;
+        m.needs_iterations = None;
         m.reason = format!(
             "within its bound {bound} (at most {}, judged {}): rose by {} as pages were brought into mappings that did not grow, a fill towards a fixed ceiling, not memory taken",
             fmt_value(top, &m.unit),

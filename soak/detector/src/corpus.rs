@@ -91,6 +91,9 @@ impl Case {
             metrics
                 .insert(name.to_string(), MetricSpec { quantum: Some(quantum), ..MetricSpec::new(Kind::Gauge, unit) });
         }
+        // Relations as plateau's own writer declares them: the file mappings around resident file
+        // pages, the live heap under the allocator's bookkeeping.
+        plateau_reports::relations::declare_v1(&mut metrics);
         let names: Vec<String> = metrics.keys().cloned().collect();
         let rows = self
             .values
@@ -110,12 +113,13 @@ impl Case {
                 backend: "synthetic".into(),
                 metrics,
                 warmup_iterations: Some(warmup(self.n)),
-                injections: vec![],
+                ..Header::default()
             },
             names,
             rows,
             truncated_tail: false,
             warnings: vec![],
+            end: None,
         }
     }
 
@@ -241,12 +245,7 @@ fn warmup(n: u64) -> u64 {
 pub fn resolution(c: &Case) -> f64 {
     let s = c.samples();
     let cfg = DetectorConfig { warmup_iterations: warmup(c.n), tolerance: Tolerance::default(), ..Default::default() };
-    analyze(&s, &cfg, false).metrics[0]
-        .trend
-        .as_ref()
-        .map(|t| t.resolution_per_iter)
-        .filter(|r| r.is_finite())
-        .unwrap_or(64.0)
+    analyze(&s, &cfg, None).metrics[0].trend.as_ref().and_then(|t| t.resolution_per_iter).unwrap_or(64.0)
 }
 
 /// A shape: its label, the metric it changes, and what it adds at iteration `i` (1-based) of `n`.

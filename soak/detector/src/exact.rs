@@ -7,8 +7,13 @@ use plateau_reports::{Kind, MetricSpec, MetricVerdict, Row, Samples, Status};
 
 use super::blank;
 
-/// `per_request`: zero at every quiescent point; inconclusive with no quiescent value at all.
-pub fn per_request(name: &str, spec: &MetricSpec, quiescent: &[&Row], i: usize) -> MetricVerdict {
+/// `per_request`: zero at every quiescent point. One entry left fails, at the first point it
+/// shows; a pass needs `min_points` quiescent points after the first iteration (the baseline
+/// sample at iteration 0, before any request, proves nothing). That is the trend layer's bar: a
+/// leak on a path a scenario takes once in a few iterations (an abort at one stage, a sleep
+/// phase) shows within that many, while a registry seen empty once or twice says nothing about
+/// whether it empties run after run.
+pub fn per_request(name: &str, spec: &MetricSpec, quiescent: &[&Row], i: usize, min_points: usize) -> MetricVerdict {
     let vals: Vec<(u64, f64)> = quiescent.iter().filter_map(|r| r.values[i].map(|v| (r.iter, v))).collect();
     if vals.is_empty() {
         return blank(
@@ -18,6 +23,7 @@ pub fn per_request(name: &str, spec: &MetricSpec, quiescent: &[&Row], i: usize) 
             "no value at any quiescent point: whether it returns to zero cannot be judged".into(),
         );
     }
+    let after_start = vals.iter().filter(|v| v.0 > 0).count();
     let max = vals.iter().map(|v| v.1).fold(0.0, f64::max);
     let mut m = match vals.iter().find(|v| v.1 != 0.0) {
         Some(&(it, v)) => {
@@ -33,6 +39,15 @@ pub fn per_request(name: &str, spec: &MetricSpec, quiescent: &[&Row], i: usize) 
             m.location = Some(format!("registry {name}"));
             m
         }
+        None if after_start < min_points => blank(
+            name,
+            spec,
+            Status::Inconclusive,
+            format!(
+                "0 at all {} quiescent points, but only {after_start} after the first iteration (need {min_points}): too few to show it returns to zero run after run",
+                vals.len()
+            ),
+        ),
         None => blank(name, spec, Status::Pass, format!("0 at all {} quiescent points", vals.len())),
     };
     m.max_value = Some(max);
@@ -82,7 +97,7 @@ pub fn counter(name: &str, spec: &MetricSpec, s: &Samples, i: usize) -> MetricVe
         (None, Some(a), Some(b)) => {
             blank(name, spec, Status::Pass, format!("monotonic: +{} over {} samples", b.1 - a.1, vals.len()))
         }
-        _ => blank(name, spec, Status::Pass, "no values: nothing to check".into()),
+        _ => blank(name, spec, Status::Inconclusive, "no value in any sample: nothing to check".into()),
     };
     m.max_value = vals.last().map(|v| v.1);
     m

@@ -15,7 +15,15 @@
 //!    once, a buffer grown once).
 //!
 //! Two or more steps up with no release that are not yet significant, and whose next step is not
-//! yet overdue, are inconclusive: the verdict says how long a run would show the next one.
+//! yet overdue, are inconclusive: the verdict says how long a run would show the next one. Steps
+//! are weighed by the rate they imply (what they added over the iterations between them), never
+//! by the average over the whole run, which dilutes steps that came late.
+//!
+//! Every outcome is decided once: a pass says what it saw (flat, within the tolerance, levelled
+//! off after growth, a last half whose rise is within its noise, a fill dying away, a one-off
+//! step with level ground after it); growth whose end this run cannot tell (a last half that
+//! rises past its noise but not significantly, a step too near the end to see level ground after
+//! it) is inconclusive with the length that would tell, never a pass.
 //!
 //! Every judged gauge also gets its resolution: the smallest steady rate that, added to this very
 //! series, fails it. It is found by trying, so it accounts for everything above, noise included.
@@ -110,11 +118,19 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
         noise,
         needs_iterations: None,
     };
+    // A staircase counts when it rises by more than noise on the series' own terms too (its steps
+    // clear the noise of successive points by construction; two series interleaved, such as
+    // levels sampled alternately purged and not, can still cut into steps that do not clear the
+    // spread around the line), and when the rate its steps imply is past the tolerance.
     let stairs = staircase(x, y, q).filter(|st| {
-        st.climbs() && st.rise() >= MIN_QUANTA * q && st.rise() / (x[n - 1] - x[0]).max(1.0) > s.tolerance_per_iter
+        st.climbs()
+            && st.rise() >= MIN_QUANTA * q
+            && st.rise() >= NOISE_SCALES * noise
+            && st.implied_rate() > s.tolerance_per_iter
     });
+    let climbing = stairs.as_ref().filter(|st| !st.levelled_off());
     if !(slope > 0.0 && mk.p_increase < cfg.p_value) {
-        if let Some(st) = stairs.as_ref().filter(|st| !st.levelled_off()) {
+        if let Some(st) = climbing {
             return Judgement {
                 needs_iterations: Some(st.length_needed()),
                 ..j(Status::Inconclusive, undecided_steps(st, unit))
@@ -122,6 +138,22 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
         }
         let what = if slope.abs() * (x[n - 1] - x[0]) < q { "flat" } else { "no significant rise" };
         return j(Status::Pass, format!("{what}: {rate}, p = {:.2}", mk.p_increase));
+    }
+    // Steps are judged by the rate they imply, before the slope's tolerance: a fitted line over
+    // the whole run flattens steps that came late, and the next one adds as much again.
+    if let Some(st) = climbing {
+        return j(
+            Status::Fail,
+            format!(
+                "grows in steps that have not stopped: {}, {} in all, {}/iteration between them, {rate} overall (p = {:.1e}); the next {} due by iteration {}",
+                st.describe(),
+                v(st.rise()),
+                v(st.implied_rate()),
+                mk.p_increase,
+                if st.due_at() as f64 > st.end { "is" } else { "was" },
+                st.due_at()
+            ),
+        );
     }
     if slope <= s.tolerance_per_iter {
         return j(
@@ -155,53 +187,55 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
             ),
         );
     }
-    if let Some(st) = stairs.as_ref().filter(|st| !st.levelled_off()) {
-        return j(
-            Status::Fail,
-            format!(
-                "grows in steps that have not stopped: {}, {} in all, {rate} (p = {:.1e}); the next {} due by iteration {}",
-                st.describe(),
-                v(st.rise()),
-                mk.p_increase,
-                if st.due_at() as f64 > st.end { "is" } else { "was" },
-                st.due_at()
-            ),
-        );
-    }
     let tail_significant = tail_slope > 0.0 && tail_mk.p_increase < cfg.tail_p_value;
     let tail_rate = format!("{}/iteration", v(tail_slope));
-    if !tail_significant && tail_growth.abs() < MIN_TAIL_QUANTA * q {
-        return j(
-            Status::Warn,
-            format!(
-                "grew by {} after warm-up ({rate}), then levelled off: the last half is flat ({tail_rate}, p = {:.2})",
-                v(growth),
-                tail_mk.p_increase
-            ),
-        );
-    }
+    // The last half's noise: the spread of its levels around its line, which slow wander
+    // (autocorrelated noise) widens as it should, but never more than twice the spread of
+    // successive differences, which a periodic shape riding on a leak (a rising sawtooth) does
+    // not widen.
+    let tail_resid: Vec<f64> = tx.iter().zip(ty).map(|(a, b)| b - tail_slope * a).collect();
+    let tail_noise = mad_scale(&tail_resid).min(2.0 * step_noise(ty, q));
     if !tail_significant {
-        return j(
-            Status::Warn,
-            format!(
-                "grows {rate} overall (p = {:.1e}) but the last half's {tail_rate} is not significant on its own (p = {:.2}): not failed, too little evidence that it still grows",
-                mk.p_increase, tail_mk.p_increase
-            ),
-        );
+        // Level as far as this run sees: the last half does not rise, or rises by less than its
+        // own noise (a fill's last remainder) or than the metric's step. A rise past both that
+        // is still not significant is growth this run cannot decide.
+        let level = tail_slope <= 0.0 || tail_growth < NOISE_SCALES * tail_noise || tail_growth < MIN_TAIL_QUANTA * q;
+        if level {
+            return j(
+                Status::Pass,
+                format!(
+                    "grew by {} after warm-up ({rate}), then levelled off: the last half moves {tail_rate} (p = {:.2}), {} in all, within {NOISE_SCALES} times its noise ({})",
+                    v(growth),
+                    tail_mk.p_increase,
+                    v(tail_growth),
+                    v(tail_noise)
+                ),
+            );
+        }
+        return Judgement {
+            needs_iterations: Some(longer(x[n - 1])),
+            ..j(
+                Status::Inconclusive,
+                format!(
+                    "grows {rate} overall (p = {:.1e}) and the last half still rises by {} ({tail_rate}), past {NOISE_SCALES} times its noise ({}), but not significantly (p = {:.2}): whether it levels off is undecided; a longer run would tell",
+                    mk.p_increase,
+                    v(tail_growth),
+                    v(tail_noise),
+                    tail_mk.p_increase
+                ),
+            )
+        };
     }
     // The last half's rise as its two quarters' medians see it (twice their difference: the
     // whole half's rise for a steady rate), against the noise of successive points: a fill that
     // ended long ago leaves a remainder that a slope fitted over the half overstates.
     let h = ty.len() / 2;
     let quarters_rise = 2.0 * (median(&mut ty[h..].to_vec()) - median(&mut ty[..h].to_vec()));
-    // Its noise: the spread of its levels around its line, which slow wander (autocorrelated
-    // noise) widens as it should, but never more than twice the spread of successive
-    // differences, which a periodic shape riding on a leak (a rising sawtooth) does not widen.
-    let tail_resid: Vec<f64> = tx.iter().zip(ty).map(|(a, b)| b - tail_slope * a).collect();
-    let tail_noise = mad_scale(&tail_resid).min(2.0 * step_noise(ty, q));
     if quarters_rise < NOISE_SCALES * tail_noise {
+        // What is left of the rise in the last half is under what this run resolves there: a
+        // pass at this run's resolution, which the verdict states.
         return j(
-            Status::Warn,
+            Status::Pass,
             format!(
                 "grew by {} ({rate}); the last half's quarters differ by {} only, within {NOISE_SCALES} times its noise ({}): levelled off as far as this run resolves",
                 v(growth),
@@ -212,7 +246,7 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
     }
     if let Some((third, fourth)) = dying_away(tx, ty) {
         return j(
-            Status::Warn,
+            Status::Pass,
             format!(
                 "grew by {} ({rate}) and is levelling off: within the last half the rate fell from {}/iteration to {}/iteration, under a quarter: a fill approaching its bound",
                 v(growth),
@@ -223,9 +257,9 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
     }
     if tail_slope <= s.tolerance_per_iter {
         return j(
-            Status::Warn,
+            Status::Pass,
             format!(
-                "grew by {} ({rate}); the last half rises {tail_rate}, within the tolerance of {}/iteration: not failed",
+                "grew by {} ({rate}); the last half rises {tail_rate}, within the tolerance of {}/iteration",
                 v(growth),
                 v(s.tolerance_per_iter)
             ),
@@ -233,9 +267,9 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
     }
     if tail_growth < MIN_TAIL_QUANTA * q {
         return j(
-            Status::Warn,
+            Status::Pass,
             format!(
-                "grew by {} ({rate}); the last half rises by {} only, under {MIN_TAIL_QUANTA} steps of {}: not failed",
+                "grew by {} ({rate}); the last half rises by {} only, under {MIN_TAIL_QUANTA} steps of {}: levelled off to within the metric's own step",
                 v(growth),
                 v(tail_growth),
                 v(q)
@@ -243,7 +277,15 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
         );
     }
     if let Some(step) = one_step(tx, ty, tail_slope, q, cfg) {
-        return j(Status::Warn, step.describe(unit));
+        return if step.after < MIN_SIDE_AFTER_STEP {
+            // The points after it are too few to tell a step from the start of a leak: a run
+            // long enough to have them would.
+            let spacing = (x[n - 1] - x[0]) / (n - 1).max(1) as f64;
+            let needed = step.at_iter + MIN_SIDE_AFTER_STEP as f64 * spacing;
+            Judgement { needs_iterations: Some(round_up_50(needed)), ..j(Status::Inconclusive, step.describe(unit)) }
+        } else {
+            j(Status::Pass, step.describe(unit))
+        };
     }
     j(
         Status::Fail,
@@ -252,6 +294,17 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
             mk.p_increase, tail_mk.p_increase
         ),
     )
+}
+
+/// Iterations an undecided trend asks for when nothing in it says how many: half again as many
+/// as it has (rounded up to 50), so that its last half alone has as many points as the whole had.
+fn longer(last_iter: f64) -> u64 {
+    round_up_50(last_iter * 1.5)
+}
+
+/// A run length rounded up to a multiple of 50 iterations.
+fn round_up_50(iterations: f64) -> u64 {
+    ((iterations / 50.0).ceil() * 50.0) as u64
 }
 
 /// The reason for a staircase that is not yet significant and not yet levelled.
@@ -290,7 +343,7 @@ impl Step {
     fn describe(&self, unit: &str) -> String {
         if self.after < MIN_SIDE_AFTER_STEP {
             format!(
-                "a step of {} at iteration {}, {} points before the end: too late to tell whether it levels off (not failed)",
+                "a step of {} at iteration {}, {} points before the end: too late to tell whether it levels off (undecided)",
                 fmt_value(self.height, unit),
                 self.at_iter,
                 self.after

@@ -7,17 +7,26 @@
 //! 2. trends on `gauge` metrics after warm-up, judged in units of the work (per iteration, per
 //!    request), at any rate the run resolves (`gauge.rs`).
 //!
-//! It decides by kind, never by name. Names only serve the figures a person reads afterwards:
-//! which counter counts requests, which gauge is the heap, and where growth is (`attribution.rs`).
+//! It decides by kind and by the relations the samples header declares (a bound, an overhead on
+//! the live heap, an address space the allocator reserves: `bounds.rs`, `overhead.rs`), never by
+//! name. Names only serve the figures a person reads afterwards: which gauge is the heap, and
+//! where growth is (`attribution.rs`).
+//!
+//! One judge: [`judge`] is the verdict of a samples file as a function of what the file recorded
+//! (the warm-up, the tolerance and the planned length in its header; how the run ended in its
+//! last line). Every command that shows or stores a verdict gets it from there; [`judge_with`]
+//! judges with other settings, and says which.
 //!
 //! Nothing unjudged passes: a gauge with too few points after warm-up, a `per_request` metric with
-//! no quiescent value, or a header with no metrics makes the verdict `inconclusive`.
+//! too few quiescent values, growth whose end this run cannot tell, an unfinished run, or a
+//! header with no metrics makes the verdict `inconclusive`.
 
 pub mod attribution;
 mod bounds;
 pub mod corpus;
 mod exact;
 pub mod gauge;
+mod judge;
 mod overhead;
 pub mod stats;
 pub mod steps;
@@ -28,6 +37,7 @@ use plateau_reports::{
 };
 
 use gauge::{fmt_value, Series};
+pub use judge::{judge, judge_with, unfinished, Overrides, STOPPED_ON_EXACT_FAILURE};
 pub use tolerance::{Per, Tolerance};
 
 /// Warm-up when neither the user nor the scenario or samples header says: the engine's caches
@@ -201,10 +211,12 @@ fn judge_gauge(
         points: pts.len(),
         quantum,
         noise: j.noise,
-        resolution_per_iter: resolution,
-        resolution_per_request: per_request(resolution),
+        // An infinite resolution (no rate the search tried failed the series) is recorded as
+        // none: JSON has no infinity, and a verdict must read back as it was written.
+        resolution_per_iter: resolution.is_finite().then_some(resolution),
+        resolution_per_request: per_request(resolution).filter(|r| r.is_finite()),
         tolerance_per_iter,
-        noise_resolution_per_iter: Some(noise_resolution),
+        noise_resolution_per_iter: noise_resolution.is_finite().then_some(noise_resolution),
     });
     if failed {
         m.first_iter = Some(gauge::first_conclusive(&series, cfg));
@@ -240,8 +252,10 @@ fn judge_gauge(
     m
 }
 
-/// Runs both layers over a samples file and returns the verdict.
-pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
+/// Runs both layers over a samples file with `cfg` and returns the verdict; `unfinished` says why
+/// the run did not finish, if it did not (an unfinished run is never a pass). Commands judge
+/// through [`judge`], which takes both from the file.
+pub fn analyze(s: &Samples, cfg: &DetectorConfig, unfinished: Option<&str>) -> Verdict {
     let quiescent: Vec<&Row> = s.rows.iter().filter(|r| r.quiescent).collect();
     let iterations = s.rows.iter().map(|r| r.iter).max().unwrap_or(0);
     let pace = pace(s, &quiescent, cfg.warmup_iterations);
@@ -260,7 +274,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
         match spec.kind {
             Kind::Observed => observed.push(name.as_str()),
             Kind::Counter => metrics.push(exact::counter(name, spec, s, i)),
-            Kind::PerRequest => metrics.push(exact::per_request(name, spec, &quiescent, i)),
+            Kind::PerRequest => metrics.push(exact::per_request(name, spec, &quiescent, i, cfg.min_points)),
             Kind::Bounded => metrics.push(exact::bounded(name, spec, s, i)),
             Kind::Gauge => metrics.push(judge_gauge(name, spec, s, i, cfg, &pace)),
         }
@@ -282,10 +296,9 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
     // quiescent points: counters and bounded registries alone say nothing about growth.
     let memory_judged =
         metrics.iter().any(|m| matches!(m.kind.as_str(), "gauge" | "per_request") && m.status != Status::Inconclusive);
-    let unfinished = incomplete || s.truncated_tail;
     let verdict = if count(Status::Fail) > 0 {
         Status::Fail
-    } else if count(Status::Inconclusive) > 0 || !memory_judged || unfinished {
+    } else if count(Status::Inconclusive) > 0 || !memory_judged || unfinished.is_some() {
         Status::Inconclusive
     } else {
         Status::Pass
@@ -307,7 +320,10 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
                 ),
                 _ => String::new(),
             };
-            format!("; the heap resolves {}/iteration{per_req}{split}", fmt_value(t.resolution_per_iter, "bytes"))
+            match t.resolution_per_iter {
+                Some(r) => format!("; the heap resolves {}/iteration{per_req}{split}", fmt_value(r, "bytes")),
+                None => "; the heap's noise resolves no steady rate the search tried".to_string(),
+            }
         })
         .next()
         .unwrap_or_default();
@@ -329,7 +345,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
         ),
         Status::Inconclusive if count(Status::Inconclusive) == 0 => format!(
             "inconclusive: the run did not finish ({}); what it sampled shows no failure, but an unfinished run is never a pass",
-            if s.truncated_tail { "its samples end mid-line" } else { "it was interrupted or its target stopped" }
+            unfinished.unwrap_or("")
         ),
         Status::Inconclusive => {
             let why =
@@ -342,11 +358,10 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
             )
         }
         _ => format!(
-            "pass: {} metrics judged over {} quiescent points ({} warm-up), {} warnings{heap}",
+            "pass: {} metrics judged over {} quiescent points ({} warm-up){heap}",
             metrics.len(),
             quiescent.len(),
             cfg.warmup_iterations,
-            count(Status::Warn)
         ),
     };
     if !observed.is_empty() {
@@ -355,7 +370,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
     Verdict {
         schema: VERDICT_SCHEMA.into(),
         verdict,
-        incomplete: unfinished,
+        incomplete: unfinished.is_some(),
         scenario: s.header.scenario.clone(),
         seed: s.header.seed,
         backend: s.header.backend.clone(),
@@ -368,6 +383,8 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, incomplete: bool) -> Verdict {
         requests_per_iter: pace.requests_per_iter,
         seconds_per_iter: pace.seconds_per_iter,
         tolerance: cfg.tolerance.to_string(),
+        planned_iterations: None,
+        overrides: Vec::new(),
         warnings,
         target_exit: None,
         settle_timeouts: 0,

@@ -11,13 +11,16 @@
 //! by 41, 19, 9, then 1-4 KiB per hundred iterations, and over 1,000 iterations by about 0.1% of the
 //! live heap. That is fragmentation that levels off relative to the heap, not memory taken.
 //!
-//! So an overhead gauge that the trend layer did not pass becomes a warning, with its rate, when
-//! all of these hold (and otherwise keeps its verdict):
-//! 1. the live heap beside it (`jemalloc.allocated` with the same role prefix) was judged to level
-//!    off (pass or warn): overhead on a growing heap is judged with the heap, never excused;
-//! 2. for the process's gauges, its memory outside the heap (`proc.anon_outside_heap`, and for
-//!    `proc.rss` the file and shared pages too) levelled off as well: otherwise the growth may be a
-//!    mapping of its own;
+//! Which gauge is an overhead on which heap is a relation the samples header declares
+//! (`overhead_of`, with `overhead_with` for the other levels it holds; the reader fills in the v1
+//! families' own where a writer declared none). So an overhead gauge that the trend layer did not
+//! pass, on enough points for a trend of its own, is decided here by that evidence: it passes, with
+//! its rates, when all of these hold (and otherwise keeps its verdict):
+//! 1. the live heap it is an overhead on was judged a pass: overhead on a growing heap, or on one
+//!    that could not be judged, is judged with the heap, never excused;
+//! 2. the other levels it holds (for the process's anonymous pages, its memory outside the heap;
+//!    for RSS the file and shared pages too) were judged a pass as well: otherwise the growth may be
+//!    a mapping of its own;
 //! 3. its growth is slowing: from the iteration where the heap settled into its final level (a
 //!    cache that fills first is past its fill), the rate over the last half of the points is
 //!    under [`SLOWING_RATIO`] of the rate over the first half, each rate seen from the medians of
@@ -31,34 +34,20 @@
 //! The address space is judged apart from memory. jemalloc keeps the address space it has mapped
 //! (`retained`, never returned) and grows it geometrically when it needs a fresh extent, so under
 //! churn the process's anonymous address space (`proc.anon_bytes`) climbs in steps at widening
-//! spacing, like a table that doubles, while no page more is resident. When the anonymous address
-//! space outside the allocator (`proc.anon_bytes` minus `jemalloc.mapped` and `jemalloc.retained`)
-//! stays level, judged by the trend layer with no tolerance, the growth is the allocator's own
-//! reservation: a warning naming it, the memory behind it judged by the gauges above. A mapping
-//! the program makes itself grows that outside part and keeps the failure.
+//! spacing, like a table that doubles, while no page more is resident. For a gauge whose header
+//! declares what reserves address space inside it (`reserved_by`: jemalloc's `mapped` and
+//! `retained`), when the rest of it (`proc.anon_bytes` less those) stays level, judged by the
+//! trend layer with no tolerance, the growth is the allocator's own reservation: a pass naming it,
+//! the memory behind it judged by the gauges above. A mapping the program makes itself grows that
+//! outside part and keeps the failure.
 //!
-//! No metric is excused by name alone: the families below are what the samples v1 gauges are.
+//! No metric is excused by name: only the relations its header declares are weighed.
 
 use plateau_reports::{MetricVerdict, Samples, Status};
 
 use super::gauge::{fmt_value, judge, Series};
 use super::stats::median;
 use super::DetectorConfig;
-
-/// The v1 gauges that are overheads on the live heap, and the other gauges that must have
-/// levelled off for growth there to be the heap's (the process's own mappings, file pages).
-const OVERHEADS: [(&str, &[&str]); 7] = [
-    ("jemalloc.active", &[]),
-    ("jemalloc.resident", &[]),
-    ("jemalloc.mapped", &[]),
-    ("jemalloc.metadata", &[]),
-    ("proc.pte", &["proc.anon_outside_heap"]),
-    ("proc.rss_anon", &["proc.anon_outside_heap"]),
-    ("proc.rss", &["proc.anon_outside_heap", "proc.rss_file", "proc.rss_shmem"]),
-];
-
-/// The live heap the overheads serve.
-const HEAP: &str = "jemalloc.allocated";
 
 /// Since the heap settled, a second half that rises at under this fraction of the first half's
 /// rate is slowing. Fragmentation after a fill converges like a logarithm: in the measured runs
@@ -95,17 +84,11 @@ pub const HEAP_BUDGET: f64 = 0.02;
 /// How far ahead the last-half rate is projected, in judged lengths of this run.
 pub const HORIZON_RUNS: f64 = 10.0;
 
-/// The live heap and companions of `name`, if it is an overhead: (heap, companions).
-fn overhead_of(name: &str) -> Option<(String, Vec<String>)> {
-    OVERHEADS.iter().find_map(|(family, companions)| {
-        let prefix = name.strip_suffix(family)?;
-        (prefix.is_empty() || prefix.ends_with('.'))
-            .then(|| (format!("{prefix}{HEAP}"), companions.iter().map(|c| format!("{prefix}{c}")).collect()))
-    })
+/// The live heap and the other levels of `name`, if its header declares it an overhead.
+fn overhead_of(s: &Samples, name: &str) -> Option<(String, Vec<String>)> {
+    let spec = s.header.metrics.get(name)?;
+    spec.overhead_of.clone().map(|heap| (heap, spec.overhead_with.clone()))
 }
-
-/// The address space and what the allocator reserves of it: (family, the allocator's parts).
-const ADDRESS_SPACE: (&str, [&str; 2]) = ("proc.anon_bytes", ["jemalloc.mapped", "jemalloc.retained"]);
 
 /// Quiescent points of `name` after `warmup`.
 fn judged_points(s: &Samples, name: &str, warmup: u64) -> Vec<(f64, f64)> {
@@ -139,11 +122,12 @@ fn rise_rate(x: &[f64], y: &[f64]) -> f64 {
     }
 }
 
+/// Whether `name` was judged a pass.
 fn levelled(metrics: &[(String, Status)], name: &str) -> Option<Status> {
-    metrics.iter().find(|m| m.0 == name).map(|m| m.1).filter(|st| matches!(st, Status::Pass | Status::Warn))
+    metrics.iter().find(|m| m.0 == name).map(|m| m.1).filter(|st| *st == Status::Pass)
 }
 
-/// Turns an overhead gauge that did not pass into a warning when it is fragmentation or
+/// Decides an overhead gauge that did not pass alone: a pass when it is fragmentation or
 /// bookkeeping of a heap that levelled off (the module's rules 1-4).
 pub fn apply(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) {
     let warmup = cfg.warmup_iterations;
@@ -151,7 +135,7 @@ pub fn apply(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) {
     let status: Vec<(String, Status)> = metrics.iter().map(|m| (m.name.clone(), m.status)).collect();
     for m in metrics.iter_mut().filter(|m| m.kind == "gauge" && matches!(m.status, Status::Fail | Status::Inconclusive))
     {
-        let Some((heap, companions)) = overhead_of(&m.name) else { continue };
+        let Some((heap, companions)) = overhead_of(s, &m.name) else { continue };
         let Some(heap_status) = levelled(&status, &heap) else { continue };
         if companions.iter().any(|c| levelled(&status, c).is_none()) {
             continue;
@@ -207,10 +191,10 @@ pub fn apply(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) {
             ));
             continue;
         }
-        warn(
+        pass(
             m,
             format!(
-            "fragmentation or bookkeeping of a heap that levelled off ({heap} {} at {} from iteration {settled}): rose by {} ({}/iteration); since the heap levelled, slowing from {}/iteration to {}/iteration (a ratio of {ratio:.2}, under {SLOWING_RATIO}); at that rate {} more over {} times this run, {:.2}% of the live heap (at most {}%): not failed",
+            "fragmentation or bookkeeping of a heap that levelled off ({heap} {} at {} from iteration {settled}): rose by {} ({}/iteration); since the heap levelled, slowing from {}/iteration to {}/iteration (a ratio of {ratio:.2}, under {SLOWING_RATIO}); at that rate {} more over {} times this run, {:.2}% of the live heap (at most {}%): levelling off against the heap",
             heap_status.as_str(),
             v(live),
             v(trend.growth_after_warmup),
@@ -226,15 +210,19 @@ pub fn apply(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) {
     }
 }
 
-/// Turns a growing anonymous address space into a warning when all of its growth is the
-/// allocator's reservation (see the module's last rule).
+/// Decides a growing address space as a pass when all of its growth is what the header says
+/// reserves address space inside it (see the module's last rule).
 fn address_space(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) {
-    let (family, parts) = ADDRESS_SPACE;
-    for m in metrics.iter_mut().filter(|m| m.kind == "gauge" && matches!(m.status, Status::Fail | Status::Inconclusive))
+    for m in metrics
+        .iter_mut()
+        .filter(|m| m.kind == "gauge" && matches!(m.status, Status::Fail | Status::Inconclusive) && m.trend.is_some())
     {
-        let Some(prefix) = m.name.strip_suffix(family).filter(|p| p.is_empty() || p.ends_with('.')) else { continue };
+        let parts = s.header.metrics.get(&m.name).map(|spec| spec.reserved_by.clone()).unwrap_or_default();
+        if parts.is_empty() {
+            continue;
+        }
         let columns: Vec<Option<usize>> = std::iter::once(m.name.clone())
-            .chain(parts.iter().map(|p| format!("{prefix}{p}")))
+            .chain(parts.iter().cloned())
             .map(|n| s.names.iter().position(|x| *x == n))
             .collect();
         let Some(columns) = columns.into_iter().collect::<Option<Vec<usize>>>() else { continue };
@@ -244,7 +232,7 @@ fn address_space(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
             .filter(|r| r.quiescent && r.iter > cfg.warmup_iterations)
             .filter_map(|r| {
                 let v: Option<Vec<f64>> = columns.iter().map(|c| r.values[*c]).collect();
-                v.map(|v| (r.iter as f64, v[0] - v[1] - v[2]))
+                v.map(|v| (r.iter as f64, v[0] - v[1..].iter().sum::<f64>()))
             })
             .unzip();
         if x.len() < cfg.min_points {
@@ -253,7 +241,7 @@ fn address_space(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
         let quantum = m.trend.as_ref().map_or(1.0, |t| t.quantum);
         let series = Series { x: &x, y: &outside, unit: &m.unit, quantum, tolerance_per_iter: 0.0 };
         let j = judge(&series, cfg);
-        if !matches!(j.status, Status::Pass | Status::Warn) {
+        if j.status != Status::Pass {
             continue;
         }
         let own = judged_points(s, &m.name, cfg.warmup_iterations);
@@ -262,18 +250,18 @@ fn address_space(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
         let level = v(outside[outside.len() - 1]);
         let was = m.reason.split("; that is").next().unwrap_or_default().to_string();
         let reason = format!(
-            "address space the allocator reserved: rose by {} ({was}), all of it {prefix}{} and {prefix}{}, while the anonymous address space outside the allocator stayed level at {level}: addresses kept for reuse, not memory (the pages behind them are judged as resident memory)",
+            "address space reserved inside it: rose by {} ({was}), all of it {}, while the rest stayed level at {level}: addresses kept for reuse, not memory (the pages behind them are judged as resident memory)",
             v(rose),
-            parts[0],
-            parts[1]
+            parts.join(" and ")
         );
-        warn(m, reason);
+        pass(m, reason);
     }
 }
 
-/// A gauge the trend layer did not pass, passed as a warning that says what it is.
-fn warn(m: &mut MetricVerdict, reason: String) {
-    m.status = Status::Warn;
+/// A gauge the trend layer did not pass alone, decided a pass by its relation: the reason says
+/// what it is.
+fn pass(m: &mut MetricVerdict, reason: String) {
+    m.status = Status::Pass;
     m.first_iter = None;
     m.projected = None;
     m.needs_iterations = None;

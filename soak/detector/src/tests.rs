@@ -18,13 +18,13 @@ pub(super) fn samples_of(metrics: BTreeMap<String, MetricSpec>, n: u64, value: i
             seed: 0,
             backend: "cpu".into(),
             metrics,
-            warmup_iterations: None,
-            injections: vec![],
+            ..Header::default()
         },
         names,
         rows,
         truncated_tail: false,
         warnings: vec![],
+        end: None,
     }
 }
 
@@ -40,8 +40,19 @@ fn jitter(i: u64, amp: f64) -> f64 {
     (((i * 2_654_435_761) % 1000) as f64 / 999.0 * 2.0 - 1.0) * amp
 }
 
+/// Jitter in [-amp, amp] that looks like noise to the step detector too. [`jitter`] moves by one
+/// of two differences from sample to sample (`i * 761 mod 1000`), so the spread of successive
+/// differences is zero and every wiggle reads as a step of its own.
+fn noise(i: u64, amp: f64) -> f64 {
+    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    ((z % 1_000_001) as f64 / 1_000_000.0 * 2.0 - 1.0) * amp
+}
+
 fn status(s: &Samples) -> Status {
-    analyze(s, &DetectorConfig::default(), false).metrics[0].status
+    analyze(s, &DetectorConfig::default(), None).metrics[0].status
 }
 
 const BASE: f64 = 50.0 * 1024.0 * 1024.0;
@@ -53,7 +64,7 @@ fn flat_noisy_heap_passes() {
 
 #[test]
 fn one_kib_per_iteration_fails_within_500() {
-    let v = analyze(&gauge(500, |i| BASE + 1024.0 * i as f64 + jitter(i, 4096.0)), &DetectorConfig::default(), false);
+    let v = analyze(&gauge(500, |i| BASE + 1024.0 * i as f64 + jitter(i, 4096.0)), &DetectorConfig::default(), None);
     let m = &v.metrics[0];
     assert_eq!(m.status, Status::Fail, "{}", m.reason);
     assert!(m.first_iter.unwrap() < 500);
@@ -101,7 +112,7 @@ fn counts_fail_on_a_few_descriptors_that_never_return() {
     // MIN_TAIL_QUANTA: one descriptor leaked every 25 iterations: 7 after warm-up, 3-4 in the
     // last half, with no floor of 16.
     let fds = with_spec(gauge(N, |i| 11.0 + (i / 25) as f64), "count", 1.0);
-    let v = analyze(&fds, &DetectorConfig::default(), false);
+    let v = analyze(&fds, &DetectorConfig::default(), None);
     assert_eq!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
     // One thread started once and kept: a step, not a leak.
     let once = with_spec(gauge(N, |i| 2.0 + (i >= 100) as u64 as f64), "count", 1.0);
@@ -124,12 +135,12 @@ fn a_rise_that_slows_to_a_persistent_rate_fails_and_a_fill_that_dies_away_passes
     // per request at 20 requests an iteration): the last half still rises, so it fails, however
     // much faster the first half rose.
     let s = gauge(N, |i| BASE + 4096.0 * i.min(110) as f64 + 200.0 * i.saturating_sub(110) as f64);
-    let v = analyze(&s, &DetectorConfig::default(), false);
+    let v = analyze(&s, &DetectorConfig::default(), None);
     assert_eq!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
     // A cache filling towards 4 MiB with a time constant of 24 iterations still rises in the last
     // half, but its rate dies away quarter by quarter: levelling off, not failed.
     let fill = gauge(N, |i| BASE + 4.0 * 1024.0 * 1024.0 * (1.0 - (-(i as f64) / 24.0).exp()) + jitter(i, 300.0));
-    let v = analyze(&fill, &DetectorConfig::default(), false);
+    let v = analyze(&fill, &DetectorConfig::default(), None);
     assert_ne!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
 }
 
@@ -137,7 +148,7 @@ fn a_rise_that_slows_to_a_persistent_rate_fails_and_a_fill_that_dies_away_passes
 fn growth_in_steps_never_passes() {
     // 1 MiB kept every 50 iterations: three steps after warm-up, equal spacing, no release.
     let chunks = gauge(N, |i| BASE + 1024.0 * 1024.0 * (i / 50) as f64);
-    let v = analyze(&chunks, &DetectorConfig::default(), false);
+    let v = analyze(&chunks, &DetectorConfig::default(), None);
     assert_eq!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
     assert!(v.metrics[0].reason.contains("steps"), "{}", v.metrics[0].reason);
     // A set of ids never drained (a table doubling at 7/8 full, 9 bytes a bucket): steps at
@@ -150,9 +161,8 @@ fn growth_in_steps_never_passes() {
         9.0 * b as f64
     };
     for n in [N, 500] {
-        let v = analyze(&gauge(n, |i| BASE + table(20 * i)), &DetectorConfig::default(), false);
+        let v = analyze(&gauge(n, |i| BASE + table(20 * i)), &DetectorConfig::default(), None);
         assert_ne!(v.metrics[0].status, Status::Pass, "n={n}: {}", v.metrics[0].reason);
-        assert_ne!(v.metrics[0].status, Status::Warn, "n={n}: {}", v.metrics[0].reason);
     }
     // Two early steps (a scratch buffer grown to the peak batch twice), then level for good.
     let peak = gauge(N, |i| BASE + 262_144.0 * ((i >= 23) as u64 + (i >= 31) as u64) as f64);
@@ -163,12 +173,13 @@ fn growth_in_steps_never_passes() {
 fn two_steps_not_yet_significant_are_inconclusive_with_the_length_needed() {
     // Steps at 60 and 150 in 200 iterations (a set doubling): not significant over the run, and
     // the next is not due until 240: undecided, and the reason says how long to run.
-    let s = gauge(N, |i| BASE + 65536.0 * ((i >= 60) as u64 + 2 * (i >= 150) as u64) as f64 + jitter(i, 3000.0));
-    let v = analyze(&s, &DetectorConfig::default(), false);
+    let s = gauge(N, |i| BASE + 65536.0 * ((i >= 60) as u64 + 2 * (i >= 150) as u64) as f64 + noise(i, 3000.0));
+    let v = analyze(&s, &DetectorConfig::default(), None);
     let m = &v.metrics[0];
     assert_ne!(m.status, Status::Pass, "{}", m.reason);
     if m.status == Status::Inconclusive {
         assert!(m.reason.contains("run ") && m.reason.contains("iterations"), "{}", m.reason);
+        assert_eq!(m.needs_iterations, Some(450), "{}", m.reason);
     }
 }
 
@@ -176,13 +187,13 @@ fn two_steps_not_yet_significant_are_inconclusive_with_the_length_needed() {
 fn a_late_step_passes_and_a_step_that_keeps_climbing_fails() {
     // STEP_NOISE_SCALES, LEVEL_FRACTION: a one-off step at 80% of the run...
     let step = gauge(N, |i| BASE + jitter(i, 500.0) + if i >= 160 { 8.0 * 1024.0 * 1024.0 } else { 0.0 });
-    let v = analyze(&step, &DetectorConfig::default(), false);
+    let v = analyze(&step, &DetectorConfig::default(), None);
     assert_ne!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
     // ...and a step at half-way followed by steady growth.
     let climb = gauge(N, |i| {
         BASE + jitter(i, 500.0) + if i >= 100 { 8.0 * 1024.0 * 1024.0 + 4096.0 * (i - 100) as f64 } else { 0.0 }
     });
-    let v = analyze(&climb, &DetectorConfig::default(), false);
+    let v = analyze(&climb, &DetectorConfig::default(), None);
     assert_eq!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
     // A staircase of large chunks is not one step.
     let stairs = gauge(N, |i| BASE + jitter(i, 500.0) + 65536.0 * (i / 15) as f64);
@@ -193,9 +204,9 @@ fn a_late_step_passes_and_a_step_that_keeps_climbing_fails() {
 fn too_few_points_are_inconclusive() {
     // min_points: 19 judged points are not enough, 20 are.
     let cfg = DetectorConfig { warmup_iterations: 20, ..DetectorConfig::default() };
-    let v = analyze(&gauge(39, |i| BASE + 4096.0 * i as f64), &cfg, false);
+    let v = analyze(&gauge(39, |i| BASE + 4096.0 * i as f64), &cfg, None);
     assert_eq!((v.verdict, v.metrics[0].status), (Status::Inconclusive, Status::Inconclusive));
-    let v = analyze(&gauge(40, |i| BASE + 4096.0 * i as f64), &cfg, false);
+    let v = analyze(&gauge(40, |i| BASE + 4096.0 * i as f64), &cfg, None);
     assert_eq!(v.verdict, Status::Fail);
 }
 
@@ -206,7 +217,7 @@ fn the_verdict_does_not_depend_on_the_machine_speed() {
         for r in &mut s.rows {
             r.t = r.iter as f64 * dt;
         }
-        let v = analyze(&s, &DetectorConfig::default(), false);
+        let v = analyze(&s, &DetectorConfig::default(), None);
         (v.verdict, v.metrics[0].first_iter)
     };
     assert_eq!(leak(0.03), leak(10.0));
@@ -227,7 +238,7 @@ fn the_tolerance_is_per_iteration_or_per_request() {
     }
     let judge = |t: &str| {
         let cfg = DetectorConfig { tolerance: t.parse().unwrap(), ..DetectorConfig::default() };
-        let v = analyze(&s, &cfg, false);
+        let v = analyze(&s, &cfg, None);
         assert_eq!(v.requests_per_iter, Some(20.0));
         v.metrics.iter().find(|m| m.name == "g").unwrap().status
     };
@@ -240,10 +251,10 @@ fn the_tolerance_is_per_iteration_or_per_request() {
 
 #[test]
 fn every_judged_gauge_states_its_resolution_and_a_failure_its_cost() {
-    let v = analyze(&gauge(N, |i| BASE + jitter(i, 300.0) + 256.0 * i as f64), &DetectorConfig::default(), false);
+    let v = analyze(&gauge(N, |i| BASE + jitter(i, 300.0) + 256.0 * i as f64), &DetectorConfig::default(), None);
     let m = &v.metrics[0];
     let t = m.trend.as_ref().unwrap();
-    assert!(t.resolution_per_iter > 0.0 && t.resolution_per_iter < 256.0, "{t:?}");
+    assert!(t.resolution_per_iter.is_some_and(|r| r > 0.0 && r < 256.0), "{t:?}");
     let p = m.projected.as_ref().unwrap();
     assert!((p.per_day.unwrap() - 256.0 * 86_400.0 / 0.05).abs() < 256.0 * 86_400.0 / 0.05 * 0.01, "{p:?}");
 }
@@ -262,17 +273,17 @@ fn the_resolution_of_the_noise_and_what_the_tolerance_accepts_are_reported_apart
         r.values = vec![Some(20.0 * r.iter as f64), r.values[0]];
     }
     let cfg = DetectorConfig { tolerance: "3B/request".parse().unwrap(), ..DetectorConfig::default() };
-    let v = analyze(&s, &cfg, false);
+    let v = analyze(&s, &cfg, None);
     let m = v.metrics.iter().find(|m| m.name == "g").unwrap();
     let t = m.trend.as_ref().unwrap();
     let noise = t.noise_resolution_per_iter.unwrap();
     assert_eq!((m.status, t.tolerance_per_iter), (Status::Pass, 60.0));
-    assert!(noise < 30.0 && t.resolution_per_iter >= 60.0, "{t:?}");
+    assert!(noise < 30.0 && t.resolution_per_iter.is_some_and(|r| r >= 60.0), "{t:?}");
     assert!(m.reason.contains("noise alone") && m.reason.contains("tolerance accepts 60 B"), "{}", m.reason);
     // With no tolerance the two figures are one.
-    let v = analyze(&s, &DetectorConfig { tolerance: "0".parse().unwrap(), ..DetectorConfig::default() }, false);
+    let v = analyze(&s, &DetectorConfig { tolerance: "0".parse().unwrap(), ..DetectorConfig::default() }, None);
     let t = v.metrics.iter().find(|m| m.name == "g").unwrap().trend.clone().unwrap();
-    assert_eq!(t.noise_resolution_per_iter, Some(t.resolution_per_iter));
+    assert_eq!(t.noise_resolution_per_iter, t.resolution_per_iter);
 }
 
 #[test]
@@ -280,7 +291,7 @@ fn a_counter_that_goes_down_fails() {
     let mut s = gauge(40, |i| i as f64);
     s.header.metrics.insert("g".into(), MetricSpec::new(Kind::Counter, "count"));
     s.rows[30].values[0] = Some(3.0);
-    let v = analyze(&s, &DetectorConfig::default(), false);
+    let v = analyze(&s, &DetectorConfig::default(), None);
     assert_eq!((v.metrics[0].status, v.metrics[0].first_iter), (Status::Fail, Some(31)));
 }
 
@@ -289,7 +300,7 @@ fn failed_idle_checks_are_exact_failures_with_their_first_iteration() {
     let mut s = gauge(50, |_| BASE);
     s.rows[9].checks.insert("check.kv_accounting".into(), "free + cached + used != total".into());
     s.rows[12].checks.insert("check.kv_accounting".into(), "free + cached + used != total".into());
-    let v = analyze(&s, &DetectorConfig::default(), false);
+    let v = analyze(&s, &DetectorConfig::default(), None);
     let m = v.metrics.iter().find(|m| m.name == "check.kv_accounting").unwrap();
     assert_eq!((m.status, m.first_iter, m.kind.as_str()), (Status::Fail, Some(10), "check"));
 }
@@ -306,7 +317,7 @@ fn per_request_fails_at_the_first_leaked_entry() {
     // Non-quiescent samples may hold requests in flight.
     s.rows[2].quiescent = false;
     s.rows[2].values[1] = Some(40.0);
-    let v = analyze(&s, &DetectorConfig::default(), false);
+    let v = analyze(&s, &DetectorConfig::default(), None);
     let m = v.metrics.iter().find(|m| m.name == "registry.r").unwrap();
     assert_eq!((m.status, m.first_iter), (Status::Fail, Some(7)));
     assert!(v.attribution.iter().any(|a| a.contains("registry.r")));
@@ -322,7 +333,71 @@ fn bounded_fails_above_capacity() {
     for r in &mut s.rows {
         r.values = vec![r.values[0], Some(if r.iter == 12 { 5.0 } else { 4.0 })];
     }
-    let v = analyze(&s, &DetectorConfig::default(), false);
+    let v = analyze(&s, &DetectorConfig::default(), None);
     let m = v.metrics.iter().find(|m| m.name == "registry.b").unwrap();
     assert_eq!((m.status, m.first_iter), (Status::Fail, Some(12)));
+}
+
+#[test]
+fn the_judge_takes_its_settings_and_the_run_s_end_from_the_samples() {
+    let mut s = gauge(120, |i| BASE + jitter(i, 64.0));
+    s.header.warmup_iterations = Some(30);
+    s.header.tolerance = Some("2KiB/iteration".into());
+    let v = crate::judge(&s).unwrap();
+    assert_eq!((v.warmup_iterations, v.tolerance.as_str(), v.verdict), (30, "2KiB/iteration", Status::Pass));
+    // Planned for 200, sampled to 120, no end recorded: cut short, never a pass.
+    s.header.planned_iterations = Some(200);
+    let v = crate::judge(&s).unwrap();
+    assert!(v.incomplete && v.verdict == Status::Inconclusive, "{}", v.summary);
+    assert!(v.summary.contains("stop at iteration 120 of the 200 it planned"), "{}", v.summary);
+    // The end recorded: stopped by the user, then completed.
+    s.end = Some(plateau_reports::RunEnd::new(plateau_reports::EndState::Interrupted, 120));
+    assert_eq!(crate::judge(&s).unwrap().verdict, Status::Inconclusive);
+    s.end = Some(plateau_reports::RunEnd::new(plateau_reports::EndState::Completed, 120));
+    assert_eq!(crate::judge(&s).unwrap().verdict, Status::Pass);
+    // Other settings are named in the verdict.
+    let o = crate::Overrides { warmup: Some(40), tolerance: None };
+    assert_eq!(crate::judge_with(&s, &o).unwrap().overrides, vec!["--warmup 40"]);
+    // A recorded tolerance that cannot be read is the file's error.
+    s.header.tolerance = Some("1MiB/hour".into());
+    assert!(crate::judge(&s).unwrap_err().starts_with("header: tolerance:"));
+}
+
+#[test]
+fn two_late_steps_are_weighed_by_the_rate_they_imply_not_the_run_s_average() {
+    // 25 requests an iteration at 1 B/request: the tolerance accepts 25 B/iteration. Steps of
+    // 2 KiB at 120 and 170 average 23 B/iteration over the run and imply 41.
+    let mut metrics = BTreeMap::new();
+    metrics.insert("g".to_string(), MetricSpec::new(Kind::Gauge, "bytes"));
+    metrics.insert(
+        "requests".to_string(),
+        MetricSpec { role: Some(plateau_reports::ROLE_REQUESTS.into()), ..MetricSpec::new(Kind::Counter, "count") },
+    );
+    let s = samples_of(metrics, N, |name, i| match name {
+        "requests" => 25.0 * i as f64,
+        _ => BASE + if i >= 120 { 2048.0 } else { 0.0 } + if i >= 170 { 2048.0 } else { 0.0 },
+    });
+    let v = analyze(&s, &DetectorConfig::default(), None);
+    let m = v.metrics.iter().find(|m| m.name == "g").unwrap();
+    assert_ne!(m.status, Status::Pass, "{}", m.reason);
+    assert_ne!(v.verdict, Status::Pass);
+}
+
+#[test]
+fn a_rise_whose_last_half_still_climbs_but_not_significantly_is_undecided_and_a_level_one_passes() {
+    // Growth early, then a last half level within its noise: levelled off, a pass.
+    let level = gauge(N, |i| BASE + 4096.0 * (i.min(110) as f64) + noise(i, 2000.0));
+    let m = &analyze(&level, &DetectorConfig::default(), None).metrics[0];
+    assert_eq!(m.status, Status::Pass, "{}", m.reason);
+    assert!(m.reason.contains("levelled off"), "{}", m.reason);
+    // Growth early, then a last half that still climbs 20 B/iteration under a slow wander of
+    // 1.5 KiB every 60 iterations: past its noise, not significant. Undecided, with a longer run
+    // to ask for.
+    let wander = gauge(N, |i| {
+        let i = i as f64;
+        BASE + 4096.0 * i.min(100.0) + 20.0 * (i - 100.0).max(0.0) + 1500.0 * (i * std::f64::consts::TAU / 60.0).sin()
+    });
+    let m = &analyze(&wander, &DetectorConfig::default(), None).metrics[0];
+    assert_eq!(m.status, Status::Inconclusive, "{}", m.reason);
+    assert!(m.reason.contains("undecided") && m.needs_iterations == Some(300), "{} {:?}", m.reason, m.needs_iterations);
 }

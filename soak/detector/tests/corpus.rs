@@ -29,7 +29,7 @@ fn recall_is_total_and_false_alarms_are_zero() {
         let s = c.samples();
         let cfg =
             DetectorConfig { warmup_iterations: s.header.warmup_iterations.unwrap_or(20), ..DetectorConfig::default() };
-        let v = analyze(&s, &cfg, false);
+        let v = analyze(&s, &cfg, None);
         let m = &v.metrics[0];
         let right = match c.label {
             Label::Leak => m.status == Status::Fail,

@@ -77,6 +77,30 @@ pub fn parse_duration_secs(s: &str) -> Result<f64, String> {
     Ok(v * mult)
 }
 
+/// A scenario file may hold at most this many bytes: the shipped ones are a few KiB, and
+/// validation bounds every size inside it.
+pub const MAX_SCENARIO_BYTES: u64 = 1 << 20;
+
+/// The text of a scenario file: a regular file (a FIFO would block the reader forever, a device
+/// never ends) of at most [`MAX_SCENARIO_BYTES`], in UTF-8.
+fn read_scenario_file(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file (a directory, FIFO or device): give a .toml file".into());
+    }
+    if meta.len() > MAX_SCENARIO_BYTES {
+        return Err(format!("{} bytes, past the {} KiB a scenario may hold", meta.len(), MAX_SCENARIO_BYTES >> 10));
+    }
+    let mut text = String::new();
+    let f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    std::io::Read::read_to_string(&mut std::io::Read::take(f, MAX_SCENARIO_BYTES + 1), &mut text)
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_SCENARIO_BYTES {
+        return Err(format!("grew past {} KiB while it was read", MAX_SCENARIO_BYTES >> 10));
+    }
+    Ok(text)
+}
+
 impl Scenario {
     /// The engine configuration of one node: the `[engine]` section, with the `[pd]` section's
     /// decode-side pull limit where there is one.
@@ -96,11 +120,11 @@ impl Scenario {
                 return Ok((Scenario::parse(text, &format!("<shipped {arg}>"))?, format!("<shipped {arg}>")));
             }
         }
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        let text = read_scenario_file(path).map_err(|message| ScenarioError {
             file: arg.to_string(),
             line: 0,
             column: 0,
-            message: format!("cannot read the scenario: {e}"),
+            message: format!("cannot read the scenario: {message}"),
         })?;
         Ok((Scenario::parse(&text, arg)?, arg.to_string()))
     }

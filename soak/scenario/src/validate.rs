@@ -5,6 +5,9 @@ use super::diagnostics::{locate, Place, ScenarioError};
 use super::phases::{Abort, Phase};
 use super::{parse_duration_secs, Scenario};
 
+/// A scenario's name at most: it is part of every run directory's name.
+const MAX_NAME_BYTES: usize = 100;
+
 /// `[pd] max_pulls_in_flight` at most: far past any decode side's sequences.
 const MAX_PULLS_IN_FLIGHT: usize = 4096;
 
@@ -24,6 +27,21 @@ impl Scenario {
         let soak = |key| Place { section: Some(("soak", 0)), key };
         if self.name.trim().is_empty() {
             return fail(top("name"), "must not be empty".into());
+        }
+        // The name becomes a directory name (runs/<name>-<time>, shrink candidates, history):
+        // one plain word, so that a run never writes outside its output folder.
+        let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+        if self.name.len() > MAX_NAME_BYTES
+            || !self.name.chars().all(plain)
+            || !self.name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        {
+            return fail(
+                top("name"),
+                format!(
+                    "`{}` is not a plain name: it names the run's directory, so use letters, digits, '-', '_' and '.', starting with a letter or digit, at most {MAX_NAME_BYTES} bytes",
+                    self.name.escape_debug()
+                ),
+            );
         }
         if self.phases.is_empty() {
             return fail(top("phase"), "a scenario needs at least one [[phase]]".into());

@@ -1,23 +1,30 @@
 //! `plateau analyze`: the detector alone on a samples file, from plateau or anything writing v1.
+//! It judges with what the samples recorded (the one judge); `--warmup` and `--tolerance` judge
+//! with other settings, and that verdict goes beside the run's own, never over it.
 
 use std::path::{Path, PathBuf};
 
-use plateau_soak::analysis::{describe, judge_file, write_outputs, JudgeOptions};
-use plateau_soak::detector::Tolerance;
+use plateau_reports::Samples;
+use plateau_soak::analysis::{describe, differing, judge_read, write_outputs};
+use plateau_soak::detector::{Overrides, Tolerance};
 
 use super::{verdict_code, CiArgs, USAGE};
+
+/// Where a verdict judged with other settings goes when no --out is given: beside the run's own.
+const OVERRIDDEN_DIR: &str = "analyze";
 
 #[derive(clap::Args)]
 pub struct Args {
     samples: PathBuf,
-    /// Where to write verdict.json and plots (default: next to the samples).
+    /// Where to write verdict.json and plots (default: next to the samples; with --warmup or
+    /// --tolerance other than the samples recorded, into analyze/ beside a run's own verdict).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Quiescent iterations to skip before trend tests (default: the header's, else 20).
     #[arg(long)]
     warmup: Option<u64>,
     /// Byte growth to accept, per request or per iteration: 64B/request, 1KiB/iteration, 0
-    /// (default 1B/request).
+    /// (default: the header's, else 1B/request).
     #[arg(long)]
     tolerance: Option<Tolerance>,
     #[command(flatten)]
@@ -26,24 +33,64 @@ pub struct Args {
 
 pub fn main(a: Args) -> u8 {
     let Args { samples, out, warmup, tolerance, ci } = a;
-    let o = JudgeOptions { warmup, tolerance, tolerance_explicit: tolerance.is_some(), incomplete: false };
-    let (s, v) = match judge_file(&samples, &o) {
-        Ok(x) => x,
+    let s = match Samples::read(&samples) {
+        Ok(s) => s,
         Err(e) => {
             eprintln!("plateau: {e}");
             return USAGE;
         }
     };
-    let dir = out.unwrap_or_else(|| samples.parent().map(Path::to_path_buf).unwrap_or_default());
+    let overrides = match differing(&s, &Overrides { warmup, tolerance }) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("plateau: {}: {e}", samples.display());
+            return USAGE;
+        }
+    };
+    let v = match judge_read(&s, &samples, &overrides) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("plateau: {e}");
+            return USAGE;
+        }
+    };
+    let run_dir = samples.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let run_has_verdict = run_dir.join("verdict.json").exists();
+    let overridden = overrides != Overrides::default();
+    let dir = match out {
+        Some(d) => d,
+        None if overridden && run_has_verdict => run_dir.join(OVERRIDDEN_DIR),
+        None => run_dir.to_path_buf(),
+    };
+    if overridden && run_has_verdict && same_dir(&dir, run_dir) {
+        eprintln!(
+            "plateau: --out {}: it holds the run's own verdict, judged with what its samples recorded; a verdict judged with {} goes beside it, never over it: give another --out (by default {})",
+            dir.display(),
+            overrides.flags().join(" "),
+            run_dir.join(OVERRIDDEN_DIR).display()
+        );
+        return USAGE;
+    }
     if let Err(e) = write_outputs(&dir, &s, &v) {
         // The output directory is the user's: one that cannot be written is bad input.
         eprintln!("plateau: --out {}: {e}", dir.display());
         return USAGE;
     }
     eprint!("{}", describe(&v));
+    if overridden {
+        eprintln!("plateau: judged with {}: written to {}", overrides.flags().join(" "), dir.display());
+    }
     let run = plateau_reports::ci::RunRef { verdict: &v, dir: dir.display().to_string(), replay: None };
     if let Err(code) = ci.write(&[run]) {
         return code;
     }
     verdict_code(&v)
+}
+
+/// Whether two paths name the same directory (one that does not exist yet is only itself).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::{PASS, USAGE};
+use super::{verdict_code, USAGE};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -13,9 +13,9 @@ pub struct Args {
 
 pub fn main(a: Args) -> u8 {
     match plateau_soak::explain::explain(&a.run_dir) {
-        Ok(story) => {
+        Ok((story, verdict)) => {
             print!("{story}");
-            PASS
+            verdict_code(&verdict)
         }
         Err(e) => {
             eprintln!("plateau: {e}");

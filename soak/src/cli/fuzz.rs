@@ -8,7 +8,7 @@ use plateau_engine::Injection;
 use plateau_soak::scenario::Scenario;
 use plateau_soak::shrink::fuzz::{self, FuzzOptions};
 
-use super::{HARNESS, LEAK, PASS, USAGE};
+use super::{HARNESS, INCONCLUSIVE, LEAK, PASS, USAGE};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -86,19 +86,35 @@ pub fn main(a: Args) -> u8 {
         }
     };
     let ran = found.records.iter().filter(|r| r.secs > 0.0).count();
-    let errors = found.records.iter().filter(|r| r.verdict == "error").count();
+    let errors = found.records.iter().filter(|r| r.secs > 0.0 && r.verdict == "error").count();
+    let judged = found.judged;
+    let asked = cases as usize;
+    let fuzz_json = opts.out_dir.join("fuzz.json");
+    let code = outcome_code(found.failure.is_some(), judged, asked);
     match found.failure {
-        None if ran > 0 && errors == ran => {
-            eprintln!("plateau: fuzz: no case ran to a verdict (see {})", opts.out_dir.join("fuzz.json").display());
-            HARNESS
+        None if code == HARNESS => {
+            let why = if ran == 0 {
+                "the budget ran out before the first case"
+            } else {
+                "every case that ran failed to run to a verdict"
+            };
+            eprintln!("plateau: fuzz: no case was judged ({why}; see {})", fuzz_json.display());
+            code
+        }
+        None if code == INCONCLUSIVE => {
+            eprintln!(
+                "plateau: fuzz: {judged} of {asked} cases judged, none left anything behind at a quiescent point; {} (see {}): the property holds for the cases run only",
+                if errors > 0 { format!("{errors} did not run to a verdict") } else { "the budget ran out for the rest".into() },
+                fuzz_json.display()
+            );
+            code
         }
         None => {
             eprintln!(
-                "plateau: fuzz: {ran} cases of {iterations} iterations, none left anything behind at a quiescent point ({} in {})",
-                if errors > 0 { format!("{errors} did not run") } else { "all judged".into() },
+                "plateau: fuzz: {judged} cases of {iterations} iterations, all judged, none left anything behind at a quiescent point ({})",
                 opts.out_dir.display()
             );
-            PASS
+            code
         }
         Some((k, shrunk)) => {
             let r = &found.records[k];
@@ -114,7 +130,37 @@ pub fn main(a: Args) -> u8 {
                 }
                 Err(e) => eprintln!("plateau: fuzz: the failing case could not be shrunk: {e}"),
             }
-            LEAK
+            code
         }
+    }
+}
+
+/// A fuzz's exit code: 1 when a case failed (a leak found, whatever else happened); otherwise 3
+/// when no case was judged (nothing decided: the budget ran out before the first, or every case
+/// broke), 4 when fewer were judged than asked for (the property holds for those only), 0 when
+/// every case asked for was judged and none failed.
+fn outcome_code(failed: bool, judged: usize, asked: usize) -> u8 {
+    if failed {
+        LEAK
+    } else if judged == 0 {
+        HARNESS
+    } else if judged < asked {
+        INCONCLUSIVE
+    } else {
+        PASS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_every_case_judged_with_none_failing_passes() {
+        assert_eq!(outcome_code(false, 32, 32), PASS);
+        assert_eq!(outcome_code(false, 5, 32), INCONCLUSIVE);
+        assert_eq!(outcome_code(false, 0, 32), HARNESS);
+        assert_eq!(outcome_code(true, 0, 32), LEAK);
+        assert_eq!(outcome_code(true, 3, 32), LEAK);
     }
 }

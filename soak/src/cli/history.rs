@@ -19,7 +19,9 @@ pub fn main(a: Args) -> u8 {
 #[derive(Subcommand)]
 enum HistoryCmd {
     /// Store run directories (header, environment, verdict, per-metric level and slope); a run
-    /// already stored is skipped. All or nothing: every directory is read before any is stored.
+    /// already stored is skipped, and so is a directory without samples (a run that ended before
+    /// its first sample), with a line that says so. All or nothing for the rest: every directory
+    /// is read before any is stored.
     Add {
         #[arg(required = true, value_name = "RUN_DIR")]
         run_dirs: Vec<PathBuf>,
@@ -46,10 +48,12 @@ enum HistoryCmd {
         html: Option<PathBuf>,
     },
     /// Judge each scenario's nights as a series from its baseline night (`pin`, else its first
-    /// passing night): exit 1 when a gauge's level jumped more than the tolerance above every
-    /// night since the baseline, or creeps (a significant rise over 4 or more nights) to more than
-    /// the tolerance above the baseline, or its slope passed the steepest of the last N passing
-    /// nights by more than the run resolves; 4 when no scenario has a night to compare.
+    /// passing night): exit 1 when the latest night failed its own verdict, or a gauge's level
+    /// jumped more than the tolerance above every night since the baseline, or creeps (a
+    /// significant rise over 4 or more nights) to more than the tolerance above the baseline, or
+    /// its slope passed the steepest of the last N passing nights by more than the run resolves;
+    /// 4 when a scenario's latest night could not be judged (too short, unfinished, undecided) or
+    /// no scenario has a night to compare.
     Check {
         /// The history database, SQLite.
         #[arg(long)]
@@ -92,7 +96,21 @@ fn history(cmd: HistoryCmd) -> u8 {
     };
     match cmd {
         HistoryCmd::Add { run_dirs, db } => {
-            let runs = match run_dirs.iter().map(|d| history::store::read_run(d)).collect::<Result<Vec<_>, _>>() {
+            // A directory a run left without samples (refused or failed before its first sample)
+            // is no night: said and skipped, so that `history add runs/*` stores the rest.
+            let (with, without): (Vec<&PathBuf>, Vec<&PathBuf>) =
+                run_dirs.iter().partition(|d| history::store::has_samples(d) || !d.is_dir());
+            for d in &without {
+                eprintln!(
+                    "plateau: history: {}: no samples.jsonl (a run that ended before its first sample): skipped",
+                    d.display()
+                );
+            }
+            if with.is_empty() {
+                eprintln!("plateau: history: none of the directories holds a run's samples: nothing to add");
+                return USAGE;
+            }
+            let runs = match with.iter().map(|d| history::store::read_run(d)).collect::<Result<Vec<_>, _>>() {
                 Ok(r) => r,
                 Err(e) => return code(e),
             };
@@ -154,8 +172,17 @@ fn history(cmd: HistoryCmd) -> u8 {
                     for line in &out.regressions {
                         println!("REGRESSION {line}");
                     }
+                    for line in &out.undecided {
+                        println!("UNDECIDED {line}");
+                    }
                     if !out.regressions.is_empty() {
                         LEAK
+                    } else if !out.undecided.is_empty() {
+                        eprintln!(
+                            "plateau: history: {} scenario(s) could not be judged tonight: nothing here is a pass",
+                            out.undecided.len()
+                        );
+                        INCONCLUSIVE
                     } else if out.groups_judged == 0 {
                         eprintln!(
                             "plateau: history: no scenario has a night to compare with its baseline: nothing judged"

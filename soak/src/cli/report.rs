@@ -1,9 +1,12 @@
-//! `plateau report`: a run's verdict, plots and report.html drawn again from its samples,
-//! optionally against a baseline run.
+//! `plateau report`: a run's plots and report.html drawn again from its samples and the verdict
+//! it recorded, optionally against a baseline run. Redrawing never judges: the verdict is the
+//! run's own verdict.json (a run without one is judged once, by the one judge, and it is written).
 
 use std::path::{Path, PathBuf};
 
-use plateau_soak::analysis::{describe, judge_file, JudgeOptions};
+use plateau_reports::{Samples, Verdict};
+use plateau_soak::analysis::{describe, judge_read, write_verdict};
+use plateau_soak::detector::Overrides;
 
 use super::{verdict_code, USAGE};
 
@@ -19,8 +22,22 @@ pub fn main(a: Args) -> u8 {
     report(&a.run_dir, a.baseline.as_deref())
 }
 
+/// A run's samples and its verdict: the one in verdict.json, else judged now (and then written).
+fn load(dir: &Path) -> Result<(Samples, Verdict), String> {
+    let samples = dir.join("samples.jsonl");
+    let s = Samples::read(&samples).map_err(|e| e.to_string())?;
+    let path = dir.join("verdict.json");
+    if path.exists() {
+        let bytes = plateau_soak::fsutil::read_input(&path, plateau_soak::fsutil::RUN_FILE_BYTES)?;
+        let v = serde_json::from_slice(&bytes).map_err(|e| format!("{}: line {}: {e}", path.display(), e.line()))?;
+        return Ok((s, v));
+    }
+    let v = judge_read(&s, &samples, &Overrides::default())?;
+    write_verdict(dir, &v).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((s, v))
+}
+
 fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
-    let load = |dir: &Path| judge_file(&dir.join("samples.jsonl"), &JudgeOptions::default());
     let (s, v) = match load(run_dir) {
         Ok(x) => x,
         Err(e) => {
@@ -39,7 +56,7 @@ fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
             return USAGE;
         }
     };
-    if let Err(e) = plateau_soak::analysis::write_outputs_against(run_dir, &s, &v, base.as_ref()) {
+    if let Err(e) = plateau_soak::analysis::draw(run_dir, &s, &v, base.as_ref()) {
         eprintln!("plateau: {}: cannot write the report: {e}", run_dir.display());
         return USAGE;
     }

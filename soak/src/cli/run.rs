@@ -12,7 +12,7 @@ use plateau_soak::detector::Tolerance;
 use plateau_soak::driver::{self, Progress, RunError, RunOptions};
 use plateau_soak::scenario::Scenario;
 
-use super::{run_error_code, timestamp, verdict_code, CiArgs, HARNESS, LEAK, USAGE};
+use super::{run_error_code, timestamp, verdict_code, CiArgs, USAGE};
 
 /// Soak a server plateau did not start in-process: see README, "Soak your own server".
 #[derive(clap::Args)]
@@ -37,9 +37,10 @@ pub struct ExternalArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096), help_heading = "External target")]
     concurrency: u64,
     /// Seconds the server may take to answer `GET /v1/models` (a spawned one: to start and
-    /// answer); past it the run stops with exit 3.
-    #[arg(long, default_value_t = 600, help_heading = "External target")]
-    ready_timeout_s: u64,
+    /// answer); past it the run stops with exit 3. Default: 600 with --spawn (a server loading
+    /// its model), 60 for a server already running (--pid, or none), which should answer at once.
+    #[arg(long, help_heading = "External target")]
+    ready_timeout_s: Option<u64>,
     /// Milliseconds to wait, after the last request, for the server's in-flight gauges to read zero.
     #[arg(long, default_value_t = 10_000, help_heading = "External target")]
     settle_timeout_ms: u64,
@@ -52,14 +53,27 @@ pub struct ExternalArgs {
     spawn_env: Vec<(String, String)>,
 }
 
+/// Seconds a spawned server may take to start and answer: vLLM and SGLang load a model first.
+const SPAWN_READY_S: u64 = 600;
+
+/// Seconds a running server (given by --pid, or by its URL alone) may take to answer its first
+/// request: it is up already, and one that accepts connections and never answers (a hung
+/// process, a port another program holds) is found within a minute.
+const RUNNING_READY_S: u64 = 60;
+
 impl ExternalArgs {
+    /// `--ready-timeout-s`, or its default for a spawned or a running server.
+    fn ready_timeout_s(&self) -> u64 {
+        self.ready_timeout_s.unwrap_or(if self.spawn.is_some() { SPAWN_READY_S } else { RUNNING_READY_S })
+    }
+
     /// What a profiled replay of this run needs: the target and the flags to pass on as given.
     fn replay_of<'a>(&'a self, url: &'a str) -> super::sites::ServerRun<'a> {
         let mut args = vec![
             "--concurrency".to_string(),
             self.concurrency.to_string(),
             "--ready-timeout-s".into(),
-            self.ready_timeout_s.to_string(),
+            self.ready_timeout_s().to_string(),
             "--settle-timeout-ms".into(),
             self.settle_timeout_ms.to_string(),
             "--request-timeout-s".into(),
@@ -157,6 +171,7 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> u8 {
+    let origin = a.origin();
     let Args {
         scenario,
         backend,
@@ -206,6 +221,7 @@ pub fn main(a: Args) -> u8 {
     // A run refused for bad input leaves no directory of its own behind (`history add
     // runs/*` must keep working); a directory the user named and that existed stays.
     let fresh_dir = !out_dir.exists();
+    let mut environment = None;
     if profile_window.is_none() {
         // The profiled replay's child writes into its own directory: only the run itself
         // records where it ran.
@@ -220,6 +236,7 @@ pub fn main(a: Args) -> u8 {
                 backend.as_deref().unwrap_or(&s.engine.backend)
             },
             target: external.target.as_deref(),
+            replay_args: replay_args(&scenario, seed.unwrap_or(s.soak.seed), &origin),
         };
         let env = plateau_soak::environment::collect(&s, &id);
         let text = serde_json::to_string_pretty(&env).unwrap_or_default() + "\n";
@@ -234,6 +251,7 @@ pub fn main(a: Args) -> u8 {
             eprintln!("plateau: --out {}: {e}", out_dir.display());
             return USAGE;
         }
+        environment = Some(env);
     }
     let opts_out_dir = out_dir.clone();
     let opts = RunOptions {
@@ -274,7 +292,7 @@ pub fn main(a: Args) -> u8 {
                 spawn: external.spawn.clone(),
                 metrics_map: external.metrics_map.clone(),
                 concurrency: external.concurrency as usize,
-                ready_timeout: std::time::Duration::from_secs(external.ready_timeout_s),
+                ready_timeout: std::time::Duration::from_secs(external.ready_timeout_s()),
                 settle_timeout: std::time::Duration::from_millis(external.settle_timeout_ms),
                 request_timeout: std::time::Duration::from_secs(external.request_timeout_s),
                 spawn_env: external.spawn_env.clone(),
@@ -287,8 +305,8 @@ pub fn main(a: Args) -> u8 {
         Ok(mut r) => {
             let named = match &external.target {
                 _ if no_replay => None,
-                None => super::sites::heap_sites(&mut r, &s, &opts, profile),
-                Some(url) => super::sites::server_sites(&mut r, &s, &opts, &external.replay_of(url), profile),
+                None => super::sites::heap_sites(&mut r, &opts, profile),
+                Some(url) => super::sites::server_sites(&mut r, &opts, &external.replay_of(url), profile),
             };
             if let Some(code) = named {
                 return code;
@@ -321,16 +339,7 @@ pub fn main(a: Args) -> u8 {
                     );
                 }
             }
-            let mut inj: String = r.verdict.injections.iter().map(|i| format!(" --inject {i}")).collect();
-            if let Some(url) = &external.target {
-                inj.push_str(&format!(" --target {url}"));
-                match (&external.spawn, external.pid) {
-                    (Some(cmd), _) => inj.push_str(&format!(" --spawn {cmd:?}")),
-                    (None, Some(pid)) => inj.push_str(&format!(" --pid {pid}")),
-                    (None, None) => {}
-                }
-            }
-            let replay = format!("plateau run {scenario} --seed {} --iterations {}{inj}", r.verdict.seed, r.iterations);
+            let replay = plateau_reports::replay_command(&r.verdict, environment.as_ref());
             let run = plateau_reports::ci::RunRef {
                 verdict: &r.verdict,
                 dir: r.out_dir.display().to_string(),
@@ -341,18 +350,12 @@ pub fn main(a: Args) -> u8 {
             }
             if r.verdict.failed() {
                 eprintln!("plateau: reproduce with: {replay}");
-                LEAK
             } else if r.interrupted {
-                eprintln!("plateau: interrupted: the verdict is incomplete");
-                HARNESS
-            } else {
-                if r.verdict.inconclusive() {
-                    eprintln!(
-                        "plateau: inconclusive: too little evidence to judge; run longer (nothing here is a pass)"
-                    );
-                }
-                verdict_code(&r.verdict)
+                eprintln!("plateau: interrupted: the verdict is incomplete (nothing here is a pass)");
+            } else if r.verdict.inconclusive() {
+                eprintln!("plateau: inconclusive: too little evidence to judge; run longer (nothing here is a pass)");
             }
+            verdict_code(&r.verdict)
         }
         Err(e) => {
             if fresh_dir && matches!(e, RunError::Input(_)) {
@@ -361,6 +364,21 @@ pub fn main(a: Args) -> u8 {
             run_error_code(e)
         }
     }
+}
+
+/// The arguments that shaped a run, as its replay repeats them: the scenario as given, the seed
+/// it ran with, and every flag [`Args::origin`] keeps (backend, warm-up, tolerance, timer,
+/// injections, P/D processes, the target's settings), then the target and its command.
+fn replay_args(scenario: &str, seed: u64, origin: &plateau_soak::shrink::Origin) -> Vec<String> {
+    let mut args = vec![scenario.to_string(), "--seed".into(), seed.to_string()];
+    args.extend(origin.flags.iter().cloned());
+    if let Some(t) = &origin.target {
+        args.extend(["--target".into(), t.clone()]);
+    }
+    if let Some(s) = &origin.spawn {
+        args.extend(["--spawn".into(), s.clone()]);
+    }
+    args
 }
 
 /// "A:B", two iterations.
@@ -411,7 +429,7 @@ impl ExternalArgs {
             flag("--pid", self.pid.map(|p| p.to_string()));
             flag("--metrics-map", self.metrics_map.as_ref().map(|m| m.display().to_string()));
             flag("--concurrency", Some(self.concurrency.to_string()));
-            flag("--ready-timeout-s", Some(self.ready_timeout_s.to_string()));
+            flag("--ready-timeout-s", Some(self.ready_timeout_s().to_string()));
             flag("--settle-timeout-ms", Some(self.settle_timeout_ms.to_string()));
             flag("--request-timeout-s", Some(self.request_timeout_s.to_string()));
             for (k, v) in &self.spawn_env {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use plateau_soak::shrink::{self, Origin, ShrinkError, ShrinkOptions, COMMAND_FILE};
 
-use super::{HARNESS, PASS, USAGE};
+use super::{HARNESS, INCONCLUSIVE, PASS, USAGE};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -81,11 +81,21 @@ pub fn main(a: Args) -> u8 {
                 opts.out_dir.join("story.md").display()
             );
             print!("{}", s.story.split("\n## Candidates").next().unwrap_or(""));
-            PASS
+            if s.out_of_budget {
+                // A smaller failing scenario, but not shown to be the smallest: undecided.
+                eprintln!("plateau: shrink: the budget ran out before the search ended: minimal.toml still fails, but whether it is minimal is undecided (exit 4); a larger --budget decides it");
+                INCONCLUSIVE
+            } else {
+                PASS
+            }
         }
         Err(ShrinkError::Input(e)) => {
             eprintln!("plateau: {e}");
             USAGE
+        }
+        Err(ShrinkError::Undecided(e)) => {
+            eprintln!("plateau: shrink: {e}");
+            INCONCLUSIVE
         }
         Err(ShrinkError::Harness(e)) => {
             eprintln!("plateau: {e}");

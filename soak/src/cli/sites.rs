@@ -7,7 +7,6 @@ use plateau_soak::analysis::describe;
 use plateau_soak::driver::{self, RunOptions};
 use plateau_soak::external::profile::{ExternalReplay, ServerKind};
 use plateau_soak::heapprof::GrowthRecord;
-use plateau_soak::scenario::Scenario;
 
 use super::HARNESS;
 
@@ -19,7 +18,7 @@ const REPLAY_ITERATIONS: u64 = 40;
 /// After a run whose heap failed (or with --profile), the profiled replay that names where it
 /// grew; then the verdict is drawn again with the sites. Some(exit code) when the replay could not
 /// be run (the run's verdict stays written) or the growth is in another process.
-pub fn heap_sites(r: &mut driver::RunResult, s: &Scenario, opts: &RunOptions, profile: bool) -> Option<u8> {
+pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -> Option<u8> {
     if opts.profile_window.is_some() || r.interrupted {
         return None;
     }
@@ -61,7 +60,7 @@ pub fn heap_sites(r: &mut driver::RunResult, s: &Scenario, opts: &RunOptions, pr
         eprintln!("plateau: {e}; the run's verdict is in {}", r.out_dir.display());
         return Some(HARNESS);
     }
-    rejudge(r, s, opts)
+    rejudge(r)
 }
 
 /// The external target of a run, as a profiled replay needs it.
@@ -82,13 +81,7 @@ const SERVER_MEMORY: [&str; 3] = ["target.proc.rss_anon", "target.proc.rss", "ta
 /// Why nothing could be named (a server given by --pid, one with its own allocator, no profiler
 /// installed) goes into the verdict instead. Some(exit code) when the verdict could not be drawn
 /// again.
-pub fn server_sites(
-    r: &mut driver::RunResult,
-    s: &Scenario,
-    opts: &RunOptions,
-    server: &ServerRun,
-    profile: bool,
-) -> Option<u8> {
+pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &ServerRun, profile: bool) -> Option<u8> {
     if opts.profile_window.is_some() || r.interrupted {
         return None;
     }
@@ -139,7 +132,7 @@ pub fn server_sites(
                 eprintln!("plateau: {}; profiling a replay of iterations {start}..{end}", kind.describe());
             }
             match replay.run() {
-                Ok(_) => return rejudge(r, s, opts),
+                Ok(_) => return rejudge(r),
                 Err(e) => note(e),
             }
         }
@@ -149,7 +142,7 @@ pub fn server_sites(
         eprintln!("plateau: {e}");
         return Some(HARNESS);
     }
-    rejudge(r, s, opts)
+    rejudge(r)
 }
 
 /// What kind of program the server was (server.json, written while it ran).
@@ -160,8 +153,9 @@ fn read_kind(dir: &std::path::Path) -> Result<ServerKind, String> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
 }
 
-fn rejudge(r: &mut driver::RunResult, s: &Scenario, opts: &RunOptions) -> Option<u8> {
-    match driver::rejudge(s, opts, r.interrupted) {
+/// The verdict drawn again by the one judge, now that the replay's sites are on disk.
+fn rejudge(r: &mut driver::RunResult) -> Option<u8> {
+    match driver::judge_and_write(&r.out_dir) {
         Ok(v) => {
             r.verdict = v;
             None

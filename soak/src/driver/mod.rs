@@ -20,17 +20,15 @@ use std::time::Duration;
 use plateau_engine::Injections;
 use plateau_reports::Verdict;
 
-use crate::analysis::{judge_file, write_outputs, JudgeOptions};
-use crate::detector::warmup_rule;
+use crate::analysis::{judge_run, write_outputs};
+use crate::detector::{warmup_rule, Overrides};
 use crate::probes::purge_every;
 use crate::scenario::{parse_duration_secs, PdMode, Scenario};
 pub use engine::{build_engine, build_system, resolve_backend, EngineTarget};
 pub use run_loop::{run_with, RunPlan};
 pub use target::Target;
 
-/// How a verdict's warning marks a run that `--stop-on-exact-failure` ended before its planned
-/// length (a shrink replays such a run at the length it planned).
-pub const STOPPED_ON_EXACT_FAILURE: &str = "(--stop-on-exact-failure)";
+pub use crate::detector::STOPPED_ON_EXACT_FAILURE;
 
 /// Iterations a duration-bound run may take at most.
 pub const MAX_ITERATIONS: u64 = 100_000_000;
@@ -206,19 +204,13 @@ fn clear_earlier_run(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir.join("replay"));
 }
 
-/// Judges a run's samples (and whatever else its directory holds: mappings, residues, growth
-/// sites) and writes verdict.json and the plots.
-pub fn rejudge(scenario: &Scenario, opts: &RunOptions, interrupted: bool) -> Result<Verdict, RunError> {
-    // The warm-up is in the header: a run shorter than it is inconclusive, not an input error.
-    let judge = JudgeOptions {
-        warmup: None,
-        tolerance: opts.tolerance.or_else(|| scenario.soak.tolerance()),
-        tolerance_explicit: opts.tolerance.is_some() || scenario.soak.tolerance.is_some(),
-        incomplete: interrupted,
-    };
-    let (samples, verdict) = judge_file(&opts.out_dir.join("samples.jsonl"), &judge).map_err(RunError::Input)?;
-    write_outputs(&opts.out_dir, &samples, &verdict)
-        .map_err(|e| RunError::Harness(format!("{}: {e}", opts.out_dir.display())))?;
+/// Judges the run in `dir` by the one judge ([`judge_run`]: its samples with what they recorded,
+/// and whatever else the directory holds: mappings, residues, growth sites) and writes
+/// verdict.json, the plots and report.html. The run's own verdict and the one drawn again after
+/// its profiled replay both come from here.
+pub fn judge_and_write(dir: &Path) -> Result<Verdict, RunError> {
+    let (samples, verdict) = judge_run(&dir.join("samples.jsonl"), &Overrides::default()).map_err(RunError::Input)?;
+    write_outputs(dir, &samples, &verdict).map_err(|e| RunError::Harness(format!("{}: {e}", dir.display())))?;
     Ok(verdict)
 }
 

@@ -6,20 +6,21 @@
 //! Ctrl-C arrives; `--until-decided` moves the planned length on while the verdict is undecided.
 //! A run that stops on a harness error keeps what it sampled and judges it, marked incomplete:
 //! growth that was conclusive before the failure (a target killed by its own leak) is the run's
-//! finding. The samples are complete on disk before the verdict is drawn.
+//! finding. What decides the verdict is recorded with the samples: the header holds the warm-up,
+//! the tolerance and the planned length, and the last line how the run ended ([`RunEnd`]). The
+//! samples are complete on disk before the verdict is drawn, by the one judge.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use plateau_reports::{Header, Kind, MetricSpec, Status, Verdict, SAMPLES_SCHEMA};
+use plateau_reports::{EndState, Header, Kind, MetricSpec, RunEnd, Samples, Status, SAMPLES_SCHEMA};
 
 use super::plan;
 use super::sink::Sink;
 use super::target::{Target, WindowEdge};
-use super::{rejudge, write_json, Progress, RunError, RunOptions, RunResult, MAX_ITERATIONS};
-use crate::analysis::JudgeOptions;
+use super::{judge_and_write, write_json, Progress, RunError, RunOptions, RunResult, MAX_ITERATIONS};
 use crate::arena::HarnessScope;
 use crate::scenario::Scenario;
 use crate::workload::Workload;
@@ -51,14 +52,21 @@ pub fn run_with(
     target: &mut dyn Target,
 ) -> Result<RunResult, RunError> {
     let samples_path = opts.out_dir.join("samples.jsonl");
+    // What the verdict is judged with, recorded before the first sample: the warm-up, the
+    // tolerance the user or the scenario gave (absent: the detector's default), the length.
+    let mut metrics = target.specs();
+    plateau_reports::relations::declare_v1(&mut metrics);
     let header = Header {
         schema: SAMPLES_SCHEMA.into(),
         scenario: scenario.name.clone(),
         seed: plan.seed,
         backend: target.backend(),
-        metrics: target.specs(),
+        metrics,
         warmup_iterations: Some(plan.warmup),
         injections: opts.injections.iter().map(|i| i.name().to_string()).collect(),
+        tolerance: opts.tolerance.or_else(|| scenario.soak.tolerance()).map(|t| t.to_string()),
+        planned_iterations: plan.known_length(),
+        planned_duration_s: plan.duration.map(|d| d.as_secs_f64()),
     };
     let mut sink = Sink::create(&samples_path, &header, plan.interval)?;
     let mut state = LoopState {
@@ -76,7 +84,6 @@ pub fn run_with(
     snapshots.end = target.mappings();
     sink.flush()?;
     let wall_secs = sink.elapsed().as_secs_f64();
-    drop(sink);
     let failed = outcome.as_ref().err();
     let finish = target.finish(scenario, failed);
     if let Some(t) = &finish.triggers {
@@ -93,23 +100,12 @@ pub fn run_with(
     if let Err(e @ RunError::Input(_)) = outcome {
         return Err(e);
     }
-    let incomplete = state.interrupted || failed.is_some();
-    let mut verdict = match rejudge(scenario, opts, incomplete) {
+    sink.write_end(&run_end(opts, &state, failed, &finish))?;
+    drop(sink);
+    let verdict = match judge_and_write(&opts.out_dir) {
         Ok(v) => v,
         Err(j) => return Err(outcome.err().unwrap_or(j)),
     };
-    note_target(&mut verdict, &finish);
-    if let Some(cap) = opts.until_decided {
-        verdict.warnings.push(until_decided_story(plan.limit, &state.extensions, cap, &verdict));
-    }
-    if let Some((iter, what)) = &state.exact_failure {
-        verdict.warnings.push(format!(
-            "stopped at iteration {iter} of {}: {what} {}; the gauges were not judged past it",
-            plan.limit,
-            super::STOPPED_ON_EXACT_FAILURE
-        ));
-    }
-    write_json(&opts.out_dir.join("verdict.json"), &verdict)?;
     let result = |verdict, interrupted| RunResult {
         verdict,
         out_dir: opts.out_dir.clone(),
@@ -131,6 +127,27 @@ pub fn run_with(
             None => e,
         }),
     }
+}
+
+/// How the run ended, for its samples' last line: what the one judge needs beyond the samples.
+fn run_end(opts: &RunOptions, state: &LoopState, failed: Option<&RunError>, finish: &super::target::Finish) -> RunEnd {
+    let end_state = match (failed, &state.exact_failure) {
+        (Some(_), _) => EndState::Failed,
+        (None, _) if state.interrupted => EndState::Interrupted,
+        (None, Some(_)) => EndState::Stopped,
+        (None, None) => EndState::Completed,
+    };
+    let mut end = RunEnd::new(end_state, state.done);
+    end.error = failed.map(|e| match &finish.target_exit {
+        Some(how) => format!("{e}; {how}"),
+        None => e.to_string(),
+    });
+    end.until_decided_cap = opts.until_decided;
+    end.extensions = state.extensions.clone();
+    end.stopped_on = state.exact_failure.as_ref().map(|(_, what)| what.clone());
+    end.target_exit = finish.target_exit.clone();
+    end.settle_timeouts = finish.settle_timeouts;
+    end
 }
 
 /// How far the loop got.
@@ -230,7 +247,7 @@ fn iterate(
         }
         if let Some(cap) = opts.until_decided.filter(|_| iter == state.planned) {
             sink.flush()?;
-            if let Some(next) = undecided_until(scenario, opts, &opts.out_dir.join("samples.jsonl"), iter, cap)? {
+            if let Some(next) = undecided_until(&opts.out_dir.join("samples.jsonl"), iter, cap)? {
                 if opts.progress != Progress::Quiet {
                     eprintln!(
                         "plateau: undecided at iteration {iter}: going on to {next} (--until-decided, cap {cap})"
@@ -263,43 +280,18 @@ fn progress_bar(limit: u64) -> indicatif::ProgressBar {
     pb
 }
 
-/// What the verdict says of a target that ended before the run did, and of quiescent points
-/// sampled with requests still in flight.
-fn note_target(v: &mut Verdict, finish: &super::target::Finish) {
-    v.target_exit = finish.target_exit.clone();
-    v.settle_timeouts = finish.settle_timeouts;
-    if let Some(how) = &finish.target_exit {
-        let when = if v.failed() {
-            "after the growth was already conclusive: the leak is the finding"
-        } else {
-            "before any growth was conclusive: the run could not be judged"
-        };
-        v.summary.push_str(&format!("; {how}, {when}"));
-    }
-}
-
 /// Iterations an undecided run goes on by when no gauge says how long it needs: half its length
 /// again, so that a trend's test gains about as many points as a step's spacing would need.
 const UNDECIDED_GROWTH: f64 = 1.5;
 
-/// At the planned length of a run that goes on until decided: judges the samples so far and
-/// returns the length to go on to (what the undecided gauges say they need, else half as long
-/// again, rounded up to 50 and at most `cap`), or None when the verdict is decided or the cap is
-/// reached.
-fn undecided_until(
-    scenario: &Scenario,
-    opts: &RunOptions,
-    samples: &Path,
-    planned: u64,
-    cap: u64,
-) -> Result<Option<u64>, RunError> {
-    let judge = JudgeOptions {
-        warmup: None,
-        tolerance: opts.tolerance.or_else(|| scenario.soak.tolerance()),
-        tolerance_explicit: false,
-        incomplete: false,
-    };
-    let (_, v) = crate::analysis::judge_file(samples, &judge).map_err(RunError::Harness)?;
+/// At the planned length of a run that goes on until decided: judges the samples so far as a run
+/// that ended here (the one judge, with the end it would record) and returns the length to go on
+/// to (what the undecided gauges say they need, else half as long again, rounded up to 50 and at
+/// most `cap`), or None when the verdict is decided or the cap is reached.
+fn undecided_until(samples: &Path, planned: u64, cap: u64) -> Result<Option<u64>, RunError> {
+    let mut s = Samples::read(samples).map_err(|e| RunError::Harness(e.to_string()))?;
+    s.end = Some(RunEnd::new(EndState::Completed, planned));
+    let v = crate::detector::judge(&s).map_err(RunError::Input)?;
     if v.verdict != Status::Inconclusive || planned >= cap {
         return Ok(None);
     }
@@ -307,26 +299,4 @@ fn undecided_until(
     let grown = (planned as f64 * UNDECIDED_GROWTH).ceil() as u64;
     let next = asked.unwrap_or(grown).max(planned + 1).div_ceil(50) * 50;
     Ok(Some(next.min(cap)))
-}
-
-/// The verdict's line on how long a run that went on until decided ran, and why it stopped.
-fn until_decided_story(planned: u64, extensions: &[u64], cap: u64, v: &Verdict) -> String {
-    let lengths: Vec<String> =
-        std::iter::once(planned).chain(extensions.iter().copied()).map(|n| n.to_string()).collect();
-    let ran = if extensions.is_empty() {
-        format!("decided at its planned {planned} iterations")
-    } else {
-        format!("went on from {} iterations", lengths.join(" to "))
-    };
-    let end = if v.verdict == Status::Inconclusive && !v.incomplete {
-        let undecided: Vec<&str> =
-            v.metrics.iter().filter(|m| m.status == Status::Inconclusive).map(|m| m.name.as_str()).collect();
-        format!(
-            "; still undecided at the cap of {cap} iterations ({}): a longer --max-iterations would tell",
-            undecided.join(", ")
-        )
-    } else {
-        String::new()
-    };
-    format!("--until-decided: {ran}{end}")
 }

@@ -8,7 +8,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use plateau_reports::{Header, SampleLine};
+use plateau_reports::{Header, RunEnd, SampleLine};
 
 use super::RunError;
 
@@ -58,11 +58,29 @@ impl Sink {
             values: p.values,
             cost_us: p.cost_us,
             checks: p.checks,
+            end: None,
         };
         serde_json::to_writer(&mut self.out, &line).map_err(|e| self.io_err(e.into()))?;
         self.out.write_all(b"\n").map_err(|e| self.io_err(e))?;
         self.last_sample = Instant::now();
         Ok(())
+    }
+
+    /// The samples' last line: how the run ended (a sample with no values, at the iteration it
+    /// ended at), then everything is flushed to disk.
+    pub fn write_end(&mut self, end: &RunEnd) -> Result<(), RunError> {
+        let line = SampleLine {
+            t: self.start.elapsed().as_secs_f64(),
+            iter: end.iterations,
+            quiescent: false,
+            values: BTreeMap::new(),
+            cost_us: BTreeMap::new(),
+            checks: BTreeMap::new(),
+            end: Some(end.clone()),
+        };
+        serde_json::to_writer(&mut self.out, &line).map_err(|e| self.io_err(e.into()))?;
+        self.out.write_all(b"\n").map_err(|e| self.io_err(e))?;
+        self.flush()
     }
 
     /// Everything written so far is on disk (before the samples are judged).

@@ -19,7 +19,10 @@
 //!   run's resolution (the smallest steady growth that run can tell from noise): a slope within
 //!   that margin is indistinguishable from the nights it is compared with.
 //!
-//! The latest night's own verdict is not re-judged here; a failing night already failed its job.
+//! The latest night's own verdict is not re-judged here, but it is read: a latest night that
+//! failed its own verdict is a regression line of its own, and one that could not be judged (too
+//! short, unfinished, undecided) leaves its group undecided, never "no regression": the nights
+//! before it say nothing about tonight.
 
 use std::path::Path;
 
@@ -69,6 +72,8 @@ pub struct CheckOutcome {
     pub regressions: Vec<String>,
     /// Groups with a latest night and at least one passing night before it.
     pub groups_judged: usize,
+    /// Groups whose latest night could not be judged (inconclusive or unfinished): one line each.
+    pub undecided: Vec<String>,
 }
 
 struct Row {
@@ -184,8 +189,25 @@ pub fn check(
             "SELECT id, started_utc, verdict FROM runs WHERE scenario = ?1 AND injections = ?2 AND incomplete = 0 ORDER BY started_utc DESC, id DESC",
         )
         .map_err(|e| db_err(db, e))?;
+    let mut latest = c
+        .prepare(
+            "SELECT started_utc, verdict, incomplete, summary FROM runs WHERE scenario = ?1 AND injections = ?2 ORDER BY started_utc DESC, id DESC LIMIT 1",
+        )
+        .map_err(|e| db_err(db, e))?;
     for (sc, inj) in groups {
         let label = if inj.is_empty() { sc.clone() } else { format!("{sc} +{inj}") };
+        let (tonight, verdict, incomplete, summary): (String, String, bool, String) = latest
+            .query_row(params![sc, inj], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .map_err(|e| db_err(db, e))?;
+        if incomplete || verdict == "inconclusive" {
+            out.undecided.push(format!(
+                "{label}: the latest night {tonight} could not be judged ({summary}): no regression can be ruled out"
+            ));
+            continue;
+        }
+        if verdict == "fail" {
+            out.regressions.push(format!("{label}: the latest night {tonight} failed its own verdict: {summary}"));
+        }
         let list: Vec<(i64, String, String)> = runs
             .query_map(params![sc, inj], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .map_err(|e| db_err(db, e))?

@@ -19,32 +19,39 @@ pub struct RunRecord {
     pub environment: Option<Environment>,
 }
 
-/// Reads a run directory: samples.jsonl and verdict.json must be there; environment.json may be.
+/// Whether `dir` holds a run's samples at all: a run refused or failed before its first sample
+/// leaves a directory without them, which `history add runs/*` reports and skips.
+pub fn has_samples(dir: &Path) -> bool {
+    dir.join("samples.jsonl").is_file()
+}
+
+/// Reads a run directory: samples.jsonl must be there; its verdict is the run's verdict.json, or
+/// (a run killed before it wrote one) the one judge's verdict of its samples, which an unfinished
+/// run makes inconclusive; environment.json may be there.
 pub fn read_run(dir: &Path) -> Result<RunRecord, HistoryError> {
     let samples_path = dir.join("samples.jsonl");
-    let bytes = std::fs::read(&samples_path).map_err(|e| {
-        HistoryError::Input(format!(
-            "{}: {e} (not a run directory: `plateau run` writes samples.jsonl)",
-            samples_path.display()
-        ))
-    })?;
+    let bytes = crate::fsutil::read_input(&samples_path, plateau_reports::samples::MAX_FILE_BYTES)
+        .map_err(|e| HistoryError::Input(format!("{e} (not a run directory: `plateau run` writes samples.jsonl)")))?;
     let samples = Samples::parse(&bytes[..], &samples_path).map_err(|e| HistoryError::Input(e.to_string()))?;
     let verdict_path = dir.join("verdict.json");
-    let text = std::fs::read(&verdict_path).map_err(|e| {
-        HistoryError::Input(format!(
-            "{}: {e} (the run has no verdict: `plateau analyze` writes one)",
-            verdict_path.display()
-        ))
-    })?;
-    let verdict: Verdict = serde_json::from_slice(&text)
-        .map_err(|e| HistoryError::Input(format!("{}: line {}: {e}", verdict_path.display(), e.line())))?;
+    let verdict: Verdict = if verdict_path.exists() {
+        let text =
+            crate::fsutil::read_input(&verdict_path, crate::fsutil::RUN_FILE_BYTES).map_err(HistoryError::Input)?;
+        serde_json::from_slice(&text)
+            .map_err(|e| HistoryError::Input(format!("{}: line {}: {e}", verdict_path.display(), e.line())))?
+    } else {
+        crate::analysis::judge_read(&samples, &samples_path, &crate::detector::Overrides::default())
+            .map_err(HistoryError::Input)?
+    };
     let env_path = dir.join("environment.json");
-    let environment = match std::fs::read(&env_path) {
-        Ok(b) => Some(
+    let environment = if env_path.exists() {
+        let b = crate::fsutil::read_input(&env_path, crate::fsutil::RUN_FILE_BYTES).map_err(HistoryError::Input)?;
+        Some(
             serde_json::from_slice(&b)
                 .map_err(|e| HistoryError::Input(format!("{}: line {}: {e}", env_path.display(), e.line())))?,
-        ),
-        Err(_) => None,
+        )
+    } else {
+        None
     };
     let samples_sha256 = format!("{:x}", Sha256::digest(&bytes));
     Ok(RunRecord { dir: dir.to_path_buf(), samples_sha256, samples, verdict, environment })
@@ -110,7 +117,7 @@ pub fn add(c: &mut Connection, db: &Path, runs: &[RunRecord], now_utc: &str) -> 
                 .iter()
                 .find(|x| x.name == m.name)
                 .and_then(|x| x.trend.as_ref())
-                .map(|t| t.resolution_per_iter);
+                .and_then(|t| t.resolution_per_iter);
             stmt.execute(params![
                 id,
                 m.name,

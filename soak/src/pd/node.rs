@@ -216,9 +216,7 @@ impl Node {
             Call::Probes { settle } => {
                 let (mut values, mut cost) = (BTreeMap::new(), BTreeMap::new());
                 self.probes.sample("", settle, &mut values, &mut cost);
-                // Values as measured, negative ones included (memory outside the heap is RssAnon
-                // minus the allocator's resident pages, below zero while the heap has pages the
-                // kernel has not yet counted).
+                // Values as measured, each probe's as the process read it.
                 let out = ProcessProbes::specs("")
                     .into_iter()
                     .filter_map(|(name, spec)| {

@@ -95,7 +95,7 @@ pub struct Record {
     pub id: usize,
     /// What this candidate changed from the best failing scenario so far.
     pub change: String,
-    /// pass, warn, fail, inconclusive; "invalid" (not a scenario), "error" (exit 2 or 3), or
+    /// pass, fail, inconclusive; "invalid" (not a scenario), "error" (exit 2 or 3), or
     /// "not run" (the budget was spent).
     pub verdict: String,
     /// It failed on a metric of the signature.
@@ -109,6 +109,13 @@ pub struct Record {
     /// Why it did not run or did not end in a verdict.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub note: String,
+}
+
+impl Record {
+    /// Whether the candidate ran to a verdict: only then does it say anything about its scenario.
+    pub fn judged(&self) -> bool {
+        matches!(self.verdict.as_str(), "pass" | "fail" | "inconclusive")
+    }
 }
 
 /// How candidates run: with the original run's seed, flags and target, into `dir`.

@@ -74,8 +74,12 @@ pub fn draw(doc: &Table, cases: u32, seed: u64) -> Vec<Mix> {
 
 /// What a fuzz found.
 pub struct Fuzzed {
-    /// Every case run, in order.
+    /// Every case run, in order (a mix drawn twice runs once).
     pub records: Vec<Record>,
+    /// Mixes drawn, and of them those whose run ended in a verdict (a repeat counts with its
+    /// first run).
+    pub drawn: usize,
+    pub judged: usize,
     /// The first failing case's record index, and its shrink.
     pub failure: Option<(usize, Result<Shrunk, ShrinkError>)>,
 }
@@ -99,12 +103,14 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
         label: "fuzz: case",
     });
     let mut failing = None;
+    let mut judged_cases = 0;
     for batch in mixes.chunks(jobs) {
         let docs: Vec<(String, Table)> = batch
             .iter()
             .map(|m| (m.describe(&all), features::with_length(&m.apply(doc, &all), opts.iterations, opts.seed)))
             .collect();
         let judged = runner.judge(&docs);
+        judged_cases += judged.iter().filter(|(_, k)| runner.records[*k].judged()).count();
         if let Some(&(_, k)) = judged.iter().find(|(f, _)| *f) {
             failing = Some(k);
             break;
@@ -138,7 +144,7 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
     let path = opts.out_dir.join("fuzz.json");
     crate::fsutil::write_atomic(&path, (serde_json::to_string_pretty(&json).unwrap_or_default() + "\n").as_bytes())
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(Fuzzed { records: runner.records, failure })
+    Ok(Fuzzed { records: runner.records, drawn: mixes.len(), judged: judged_cases, failure })
 }
 
 #[cfg(test)]

@@ -122,6 +122,9 @@ pub enum ShrinkError {
     /// The original did not fail again, or the candidates could not be run (exit 3).
     #[error("{0}")]
     Harness(String),
+    /// The budget ran out before anything was decided (exit 4).
+    #[error("{0}")]
+    Undecided(String),
 }
 
 /// A finished shrink.
@@ -288,6 +291,12 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
     let mut search = Search { runner: Runner::new(setup), best: start.clone() };
     let replayed = search.runner.judge(&[("the run as it was".into(), start.clone())]);
     let first = &search.runner.records[replayed[0].1];
+    if first.verdict == "not run" {
+        return Err(ShrinkError::Undecided(format!(
+            "the budget ran out before the run was replayed (candidate 0 {}): nothing was shrunk; give a larger --budget",
+            first.note
+        )));
+    }
     if !replayed[0].0 {
         return Err(ShrinkError::Harness(format!(
             "the run did not fail the same way again from its seed (candidate 0: {}{}): nothing to shrink from; see {}",

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use plateau_reports::shell_word;
 use toml::Table;
 
 use super::features::{self, Feature};
@@ -111,14 +112,6 @@ fn replay(i: &Inputs) -> String {
     cmd
 }
 
-fn shell_word(s: &str) -> String {
-    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./:=@%+,".contains(&b)) {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
-}
-
 fn count(k: u64, one: &str, many: &str) -> String {
     format!("{k} {}", if k == 1 { one } else { many })
 }
@@ -136,7 +129,10 @@ fn size(doc: &Table) -> String {
 pub fn write(i: &Inputs) -> Result<String, String> {
     let run_secs: f64 = i.records.iter().map(|r| r.secs).sum();
     let ran = i.records.iter().filter(|r| r.secs > 0.0).count();
-    let kept: Vec<&Check> = i.checks.iter().filter(|c| !c.still_fails).collect();
+    // A part is needed only where its candidate ran to a verdict and did not fail the same way;
+    // one whose candidate did not run (the budget, an invalid or broken candidate) is unchecked.
+    let kept: Vec<&Check> = i.checks.iter().filter(|c| !c.still_fails && i.records[c.record].judged()).collect();
+    let unchecked: Vec<&Check> = i.checks.iter().filter(|c| !c.still_fails && !i.records[c.record].judged()).collect();
     let loose: Vec<&Check> = i.checks.iter().filter(|c| c.still_fails).collect();
     let kept_features = features::features(i.minimal);
     let gone: Vec<String> = features::features(i.original)
@@ -175,8 +171,18 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         let r = &i.records[c.record];
         let _ = writeln!(s, "- {}: {} {} (candidate {})", c.part, c.off, outcome(r), r.id);
     }
-    if kept.is_empty() {
+    if kept.is_empty() && unchecked.is_empty() {
         let _ = writeln!(s, "- nothing beyond one phase of requests: any request of it triggers the leak");
+    }
+    if !unchecked.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nNot checked: whether these are needed is undecided, their candidates did not run to a verdict:\n"
+        );
+        for c in &unchecked {
+            let r = &i.records[c.record];
+            let _ = writeln!(s, "- {}: {} {} (candidate {})", c.part, c.off, outcome(r), r.id);
+        }
     }
     if !loose.is_empty() {
         let _ = writeln!(s, "\nStill failing without these (not minimal: the budget ran out):\n");
@@ -220,6 +226,7 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         "run": i.run_dir.display().to_string(),
         "signature": { "metrics": i.signature.metrics, "exact": i.signature.exact },
         "needed": kept.iter().map(|c| &c.part).collect::<Vec<_>>(),
+        "unchecked": unchecked.iter().map(|c| &c.part).collect::<Vec<_>>(),
         "turned_off": gone,
         "phases": features::phase_kinds(i.minimal),
         "features": features::features(i.minimal).iter().map(Feature::name).collect::<Vec<_>>(),
@@ -244,7 +251,6 @@ fn outcome(r: &Record) -> String {
     let sig = r.signature.join(", ");
     match r.verdict.as_str() {
         "pass" => format!("it passes ({sig})"),
-        "warn" => format!("it passes with a warning ({sig})"),
         "inconclusive" => format!("it does not fail ({sig}; inconclusive overall)"),
         "fail" if !r.note.is_empty() => format!("it does not fail the same way ({sig}; {})", r.note),
         "fail" => format!("it does not fail the same way ({sig}; it fails on {})", r.failing.join(", ")),

@@ -1,0 +1,64 @@
+//! How a run ended, recorded as the last line of its samples (see [`RunEnd`]): what the one judge
+//! needs beyond the samples themselves to tell a finished run from one that was cut short.
+
+use serde::{Deserialize, Serialize};
+
+/// How a run ended, recorded as the last line of its samples: a sample with no values and an
+/// `end` object, which a reader that does not know it takes for an empty sample. plateau's own.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEnd {
+    pub state: EndState,
+    /// Iterations done.
+    pub iterations: u64,
+    /// `--until-decided`: the cap the run could go on to, and each length it went on to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_decided_cap: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<u64>,
+    /// `--stop-on-exact-failure`: what failed at the iteration the run stopped at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_on: Option<String>,
+    /// What ended a failed run (the harness's or the target's error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// An external target that ended before the run did: its exit status or signal, and
+    /// whether the kernel's OOM killer did it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_exit: Option<String>,
+    /// Quiescent points sampled with requests still in flight at an external target.
+    #[serde(default)]
+    pub settle_timeouts: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndState {
+    /// Ran to its planned length or duration (or past it, `--until-decided`).
+    Completed,
+    /// Stopped at the first exact-layer failure (`--stop-on-exact-failure`): decided there.
+    Stopped,
+    /// Ctrl-C.
+    Interrupted,
+    /// The harness or the target failed (`error` says how).
+    Failed,
+}
+
+impl RunEnd {
+    pub fn new(state: EndState, iterations: u64) -> RunEnd {
+        RunEnd {
+            state,
+            iterations,
+            until_decided_cap: None,
+            extensions: Vec::new(),
+            stopped_on: None,
+            error: None,
+            target_exit: None,
+            settle_timeouts: 0,
+        }
+    }
+
+    /// Whether the run went as far as it was asked to (or stopped on a decided failure).
+    pub fn finished(&self) -> bool {
+        matches!(self.state, EndState::Completed | EndState::Stopped)
+    }
+}

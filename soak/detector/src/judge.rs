@@ -1,0 +1,147 @@
+//! The one judge: the verdict of a samples file as a function of what the file recorded. The
+//! header holds the warm-up, the tolerance and the planned length; the last line how the run
+//! ended. Every command that shows or stores a verdict gets it from [`judge`]; [`judge_with`]
+//! judges with other settings and names them in the verdict.
+
+use plateau_reports::{EndState, RunEnd, Samples, Status, Verdict};
+
+use super::{analyze, warmup_rule, DetectorConfig, Per, Tolerance};
+
+/// How a verdict's warning marks a run that `--stop-on-exact-failure` ended before its planned
+/// length (a shrink replays such a run at the length it planned).
+pub const STOPPED_ON_EXACT_FAILURE: &str = "(--stop-on-exact-failure)";
+
+/// Settings to judge with other than those the samples recorded (`plateau analyze --warmup
+/// --tolerance`). A verdict judged with any of them names them (`Verdict::overrides`) and is
+/// written beside the run's own, never over it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Overrides {
+    pub warmup: Option<u64>,
+    pub tolerance: Option<Tolerance>,
+}
+
+impl Overrides {
+    /// The overrides as flags, for the verdict and for people (`--tolerance 64B/request`).
+    pub fn flags(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(w) = self.warmup {
+            out.push(format!("--warmup {w}"));
+        }
+        if let Some(t) = self.tolerance {
+            out.push(format!("--tolerance {t}"));
+        }
+        out
+    }
+}
+
+/// The one judge: the verdict of `s`, from what it recorded alone. Errors are the file's (a
+/// tolerance it records that cannot be read, or one per request in a file that counts no
+/// requests): input errors, exit 2.
+pub fn judge(s: &Samples) -> Result<Verdict, String> {
+    judge_with(s, &Overrides::default())
+}
+
+/// [`judge`] with other settings where `o` gives them; the verdict names them.
+pub fn judge_with(s: &Samples, o: &Overrides) -> Result<Verdict, String> {
+    let recorded = s
+        .header
+        .tolerance
+        .as_deref()
+        .map(|t| t.parse::<Tolerance>().map_err(|e| format!("header: tolerance: {e}")))
+        .transpose()?;
+    let tolerance = o.tolerance.or(recorded).unwrap_or_default();
+    let last = s.last_iter();
+    let warmup_iterations = warmup_rule(o.warmup, s.header.warmup_iterations, Some(last))?;
+    let cfg = DetectorConfig { warmup_iterations, tolerance, ..DetectorConfig::default() };
+    let unfinished = unfinished(s);
+    let mut v = analyze(s, &cfg, unfinished.as_deref());
+    if (o.tolerance.is_some() || recorded.is_some()) && v.requests_per_iter.is_none() && tolerance.per == Per::Request {
+        return Err(format!(
+            "tolerance {tolerance}: the samples count no requests (no counter with the role `requests` in the header), so a tolerance per request cannot be applied; give it per iteration"
+        ));
+    }
+    v.planned_iterations = s.header.planned_iterations;
+    v.overrides = o.flags();
+    if let Some(e) = &s.end {
+        note_end(&mut v, e, s.header.planned_iterations);
+    }
+    Ok(v)
+}
+
+/// Why the samples are not those of a finished run, if they are not: cut short mid-line, an end
+/// record that says the run was interrupted or failed, or samples that stop before their planned
+/// length with no end recorded (a run killed, or samples cut by hand). A file that records no
+/// plan is taken as whole.
+pub fn unfinished(s: &Samples) -> Option<String> {
+    if s.truncated_tail {
+        return Some("its samples end mid-line".into());
+    }
+    let last = s.last_iter();
+    match &s.end {
+        Some(e) => match e.state {
+            EndState::Completed | EndState::Stopped => None,
+            EndState::Interrupted => Some(format!("it was interrupted at iteration {last}")),
+            EndState::Failed => Some(format!(
+                "it failed at iteration {last}: {}",
+                e.error.as_deref().unwrap_or("the failure was not recorded")
+            )),
+        },
+        None => match (s.header.planned_iterations, s.header.planned_duration_s) {
+            (Some(p), _) if last < p => Some(format!(
+                "its samples stop at iteration {last} of the {p} it planned, with no record of how it ended"
+            )),
+            (None, Some(d)) => Some(format!(
+                "it was to run for {d} s and how it ended was not recorded (its samples stop at iteration {last})"
+            )),
+            _ => None,
+        },
+    }
+}
+
+/// What the end record adds to a verdict: an external target that ended first, points sampled
+/// unsettled, how far `--until-decided` went, where `--stop-on-exact-failure` stopped.
+fn note_end(v: &mut Verdict, e: &RunEnd, planned: Option<u64>) {
+    v.target_exit = e.target_exit.clone();
+    v.settle_timeouts = e.settle_timeouts;
+    if let Some(how) = &e.target_exit {
+        let when = if v.failed() {
+            "after the growth was already conclusive: the leak is the finding"
+        } else {
+            "before any growth was conclusive: the run could not be judged"
+        };
+        v.summary.push_str(&format!("; {how}, {when}"));
+    }
+    if let Some(cap) = e.until_decided_cap {
+        let story = until_decided_story(planned.unwrap_or(e.iterations), &e.extensions, cap, v);
+        v.warnings.push(story);
+    }
+    if let Some(what) = &e.stopped_on {
+        v.warnings.push(format!(
+            "stopped at iteration {} of {}: {what} {STOPPED_ON_EXACT_FAILURE}; the gauges were not judged past it",
+            e.iterations,
+            planned.map_or("its planned length".to_string(), |p| p.to_string())
+        ));
+    }
+}
+
+/// The verdict's line on how long a run that went on until decided ran, and why it stopped.
+fn until_decided_story(planned: u64, extensions: &[u64], cap: u64, v: &Verdict) -> String {
+    let lengths: Vec<String> =
+        std::iter::once(planned).chain(extensions.iter().copied()).map(|n| n.to_string()).collect();
+    let ran = if extensions.is_empty() {
+        format!("decided at its planned {planned} iterations")
+    } else {
+        format!("went on from {} iterations", lengths.join(" to "))
+    };
+    let end = if v.verdict == Status::Inconclusive && !v.incomplete {
+        let undecided: Vec<&str> =
+            v.metrics.iter().filter(|m| m.status == Status::Inconclusive).map(|m| m.name.as_str()).collect();
+        format!(
+            "; still undecided at the cap of {cap} iterations ({}): a longer --max-iterations would tell",
+            undecided.join(", ")
+        )
+    } else {
+        String::new()
+    };
+    format!("--until-decided: {ran}{end}")
+}
