@@ -154,11 +154,17 @@ fn fuzz_finds_a_mix_that_leaks_and_shrinks_it_to_the_trigger() {
     assert!(case["same_way"].as_bool().unwrap(), "{case}");
     let s = json(&out.join("shrink/shrink.json"));
     assert_eq!(strings(&s["features"]), BTreeSet::from(["n>1".to_string(), "abort:decode".to_string()]), "{s}");
-    // Without an injection no mix leaves anything behind.
+    // Without an injection no mix leaves anything behind or grows: every case judged as a run is
+    // (60 iterations, its gauges decided), and passed.
     let clean = d.join("clean");
-    let o = plateau(&[&args[..], &["--out", clean.to_str().unwrap()]].concat());
+    let clean_args = ["fuzz", scenario.to_str().unwrap(), "--cases", "4", "--iterations", "60", "--quiet"];
+    let o = plateau(&[&clean_args[..], &["--out", clean.to_str().unwrap()]].concat());
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(json(&clean.join("fuzz.json"))["first_failure"].is_null());
+    // Five iterations cannot decide a gauge, even gone on to twenty: undecided, never a pass.
+    let short = d.join("short");
+    let o = plateau(&[&args[..], &["--out", short.to_str().unwrap()]].concat());
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
 }
 
 /// soak/README.md's table of what each injection needs: (injection, scenario, phases, features).

@@ -7,7 +7,8 @@
 //! gauges flip by a page now and then; counts are exact), and one shape added to one metric:
 //! - leaks (must fail, on the shape's metric): linear at 10x, 3x and 1x this series' own
 //!   resolution (the smallest rate the detector resolves in the clean version of this series);
-//!   a staircase; a late onset; square-root growth; a rising sawtooth; anonymous memory outside the
+//!   a staircase; a late onset; square-root growth; a rising sawtooth; 2 KiB an iteration under
+//!   3 MiB teeth (a cache cleared every 30 iterations); anonymous memory outside the
 //!   heap; shared memory; file mappings; descriptors; threads; iterations of 10 seconds (a
 //!   verdict must not depend on the machine's speed); and fixed sizes that owe nothing to the
 //!   detector's resolution: 64 B and 256 B an iteration, 1 MiB kept at every quarter of the run,
@@ -301,6 +302,12 @@ fn shapes() -> Vec<Shape> {
         s("late-onset", Leak, "jemalloc.allocated", |i, n, _| 2.0 * KIB * (i - n / 2.0).max(0.0)),
         s("sqrt", Leak, "jemalloc.allocated", |i, _, _| 64.0 * KIB * i.sqrt()),
         s("rising-sawtooth", Leak, "jemalloc.allocated", |i, _, _| 512.0 * KIB * (i % 10.0) / 10.0 + 8.0 * KIB * i),
+        // A cache of 3 MiB refilled and cleared every 30 iterations over 2 KiB kept an iteration:
+        // the teeth dwarf the leak, which only the floors show (six of them from 200 on).
+        Shape {
+            min_n: 200,
+            ..s("leak-under-teeth", Leak, "jemalloc.allocated", |i, _, _| 3.0 * MIB * (i % 30.0) / 30.0 + 2.0 * KIB * i)
+        },
         s("outside-heap", Leak, "proc.anon_outside_heap", |i, _, _| PAGE * (i / 2.0).floor()),
         s("shared-memory", Leak, "proc.rss_shmem", |i, _, _| 64.0 * KIB * i),
         s("file-mappings", Leak, "proc.file_mappings", |i, _, _| (i / 5.0).floor()),

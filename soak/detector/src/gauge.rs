@@ -31,6 +31,8 @@
 pub use plateau_reports::figures::fmt_value;
 use plateau_reports::Status;
 
+pub use super::power::{first_conclusive, resolution};
+use super::release::{judge_released, releases};
 use super::stats::{best_split, mad_scale, mann_kendall, median, theil_sen, MannKendall};
 use super::steps::{staircase, step_noise, Staircase};
 use super::DetectorConfig;
@@ -58,11 +60,6 @@ use super::steps::STEP_NOISE_SCALES;
 /// one quarter to the next (the square root keeps 86% at iterations 110-200).
 const DECAY_FRACTION: f64 = 0.25;
 
-/// Steps tried when searching for the resolution: doubling from the first guess, then halving
-/// the bracket. Bounds the search's cost to this many judgements per metric.
-const RESOLUTION_DOUBLINGS: usize = 48;
-const RESOLUTION_BISECTIONS: usize = 5;
-
 /// What one gauge's series looks like to the detector.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Judgement {
@@ -89,7 +86,19 @@ pub struct Series<'a> {
 }
 
 /// Judges a series with at least `cfg.min_points` points (the caller says inconclusive below).
+/// A series that falls back to a floor at intervals is judged on its floors too (`release.rs`):
+/// floors that rise fail; floors that rise but not yet significantly leave it undecided unless
+/// the series fails on its own; level floors pass it, whatever its teeth.
 pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
+    let plain = judge_series(s, cfg);
+    match releases(s.x, s.y, s.quantum) {
+        Some(r) => judge_released(&r, s, cfg, plain),
+        None => plain,
+    }
+}
+
+/// The trend layer on the series as it is (the module's rules).
+fn judge_series(s: &Series, cfg: &DetectorConfig) -> Judgement {
     let (x, y) = (s.x, s.y);
     let n = x.len();
     assert!(n >= cfg.min_points && n == y.len(), "judge needs at least min_points points");
@@ -189,6 +198,14 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
     }
     let tail_significant = tail_slope > 0.0 && tail_mk.p_increase < cfg.tail_p_value;
     let tail_rate = format!("{}/iteration", v(tail_slope));
+    // Evidence that the rate fell: the first half rose at least four times as fast as the last
+    // (a fill that approaches its bound), by more than the noise could explain.
+    let head_slope = theil_sen(&x[..half], &y[..half]);
+    let head_span = x[half.max(1) - 1] - x[0];
+    let fell = head_slope > 0.0
+        && tail_slope <= DECAY_FRACTION * head_slope
+        && (head_slope - tail_slope.max(0.0)) * head_span >= NOISE_SCALES * noise;
+    let fall = format!("the rate fell from {}/iteration to {tail_rate}", v(head_slope));
     // The last half's noise: the spread of its levels around its line, which slow wander
     // (autocorrelated noise) widens as it should, but never more than twice the spread of
     // successive differences, which a periodic shape riding on a leak (a rising sawtooth) does
@@ -196,28 +213,27 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
     let tail_resid: Vec<f64> = tx.iter().zip(ty).map(|(a, b)| b - tail_slope * a).collect();
     let tail_noise = mad_scale(&tail_resid).min(2.0 * step_noise(ty, q));
     if !tail_significant {
-        // Level as far as this run sees: the last half does not rise, or rises by less than its
-        // own noise (a fill's last remainder) or than the metric's step. A rise past both that
-        // is still not significant is growth this run cannot decide.
-        let level = tail_slope <= 0.0 || tail_growth < NOISE_SCALES * tail_noise || tail_growth < MIN_TAIL_QUANTA * q;
-        if level {
-            return j(
-                Status::Pass,
+        // Levelled off, with evidence: the last half does not rise, or rises by less than the
+        // metric's step, or the rate fell by more than the noise explains. A last half still
+        // rising (inside its noise or past it) at a rate that did not fall is undecided.
+        if tail_slope <= 0.0 || tail_growth < MIN_TAIL_QUANTA * q || (fell && tail_growth < NOISE_SCALES * tail_noise) {
+            let why = if tail_slope > 0.0 && tail_growth >= MIN_TAIL_QUANTA * q {
                 format!(
-                    "grew by {} after warm-up ({rate}), then levelled off: the last half moves {tail_rate} (p = {:.2}), {} in all, within {NOISE_SCALES} times its noise ({})",
-                    v(growth),
-                    tail_mk.p_increase,
+                    "{fall}, and the last half's rise of {} is within {NOISE_SCALES} times its noise ({})",
                     v(tail_growth),
                     v(tail_noise)
-                ),
-            );
+                )
+            } else {
+                format!("the last half moves {tail_rate} (p = {:.2}), {} in all", tail_mk.p_increase, v(tail_growth))
+            };
+            return j(Status::Pass, format!("grew by {} after warm-up ({rate}), then levelled off: {why}", v(growth)));
         }
         return Judgement {
             needs_iterations: Some(longer(x[n - 1])),
             ..j(
                 Status::Inconclusive,
                 format!(
-                    "grows {rate} overall (p = {:.1e}) and the last half still rises by {} ({tail_rate}), past {NOISE_SCALES} times its noise ({}), but not significantly (p = {:.2}): whether it levels off is undecided; a longer run would tell",
+                    "grows {rate} overall (p = {:.1e}) and the last half still rises by {} ({tail_rate}, its noise {}), not significantly (p = {:.2}) and at a rate that has not fallen: whether it levels off is undecided; a longer run would tell",
                     mk.p_increase,
                     v(tail_growth),
                     v(tail_noise),
@@ -231,13 +247,13 @@ pub fn judge(s: &Series, cfg: &DetectorConfig) -> Judgement {
     // ended long ago leaves a remainder that a slope fitted over the half overstates.
     let h = ty.len() / 2;
     let quarters_rise = 2.0 * (median(&mut ty[h..].to_vec()) - median(&mut ty[..h].to_vec()));
-    if quarters_rise < NOISE_SCALES * tail_noise {
-        // What is left of the rise in the last half is under what this run resolves there: a
-        // pass at this run's resolution, which the verdict states.
+    if quarters_rise < NOISE_SCALES * tail_noise && fell {
+        // What is left of the rise in the last half is under what this run resolves there, and
+        // the rate fell by more than the noise explains: levelled off, with that evidence.
         return j(
             Status::Pass,
             format!(
-                "grew by {} ({rate}); the last half's quarters differ by {} only, within {NOISE_SCALES} times its noise ({}): levelled off as far as this run resolves",
+                "grew by {} ({rate}) and levelled off: {fall}, and the last half's quarters differ by {} only, within {NOISE_SCALES} times its noise ({})",
                 v(growth),
                 v(quarters_rise / 2.0),
                 v(tail_noise)
@@ -416,61 +432,4 @@ fn within_sides_slope(x: &[f64], y: &[f64], k: usize) -> f64 {
     } else {
         median(&mut slopes)
     }
-}
-
-/// Margin on the resolution: the rate where detection starts is found on this run's own noise; a
-/// leak's own noise differs a little, and 25% more keeps a leak at the stated resolution caught.
-const RESOLUTION_MARGIN: f64 = 1.25;
-
-/// The smallest steady rate that fails this series when added to it (per iteration), found by
-/// doubling from a first guess and then bisecting, with [`RESOLUTION_MARGIN`]. A series that fails
-/// already is judged with its own trend taken out, so the figure says what the noise allows, not
-/// what the leak does.
-pub fn resolution(s: &Series, own_slope: f64, fails_already: bool, cfg: &DetectorConfig) -> f64 {
-    let x0 = s.x[0];
-    let base: Vec<f64> =
-        if fails_already { s.x.iter().zip(s.y).map(|(a, b)| b - own_slope * (a - x0)).collect() } else { s.y.to_vec() };
-    let span = s.x[s.x.len() - 1] - s.x[s.x.len() / 2];
-    let fails = |r: f64| {
-        let y: Vec<f64> = s.x.iter().zip(&base).map(|(a, b)| b + r * (a - x0)).collect();
-        judge(&Series { y: &y, ..*s }, cfg).status == Status::Fail
-    };
-    let mut hi = (MIN_QUANTA * s.quantum / span.max(1.0)).max(s.tolerance_per_iter).max(f64::MIN_POSITIVE);
-    let mut lo = 0.0;
-    let mut found = false;
-    for _ in 0..RESOLUTION_DOUBLINGS {
-        if fails(hi) {
-            found = true;
-            break;
-        }
-        lo = hi;
-        hi *= 2.0;
-    }
-    if !found {
-        return f64::INFINITY;
-    }
-    for _ in 0..RESOLUTION_BISECTIONS {
-        let mid = (lo + hi) / 2.0;
-        if fails(mid) {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    hi * RESOLUTION_MARGIN
-}
-
-/// The first iteration at which the series up to it already fails (checked at up to 40 points).
-pub fn first_conclusive(s: &Series, cfg: &DetectorConfig) -> u64 {
-    let n = s.x.len();
-    let step = (n / 40).max(1);
-    let mut k = cfg.min_points;
-    while k <= n {
-        let prefix = Series { x: &s.x[..k], y: &s.y[..k], ..*s };
-        if judge(&prefix, cfg).status == Status::Fail {
-            return s.x[k - 1] as u64;
-        }
-        k += step;
-    }
-    s.x[n - 1] as u64
 }

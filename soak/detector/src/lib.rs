@@ -28,6 +28,8 @@ mod exact;
 pub mod gauge;
 mod judge;
 mod overhead;
+pub mod power;
+pub mod release;
 pub mod stats;
 pub mod steps;
 pub mod tolerance;
@@ -187,11 +189,12 @@ fn judge_gauge(
     let series = Series { x: &x, y: &y, unit: &spec.unit, quantum, tolerance_per_iter };
     let j = gauge::judge(&series, cfg);
     let failed = j.status == Status::Fail;
-    let resolution = gauge::resolution(&series, j.slope, failed, cfg);
+    let passed = j.status == Status::Pass;
+    let resolution = gauge::resolution(&series, j.slope, passed, cfg);
     // The same search with no tolerance: what the noise alone resolves. The two differ where the
     // tolerance, not the noise, sets the bar (a quiet heap in a run of many requests).
     let noise_resolution = if tolerance_per_iter > 0.0 {
-        gauge::resolution(&Series { tolerance_per_iter: 0.0, ..series }, j.slope, failed, cfg)
+        gauge::resolution(&Series { tolerance_per_iter: 0.0, ..series }, j.slope, passed, cfg)
     } else {
         resolution
     };

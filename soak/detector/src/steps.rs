@@ -149,8 +149,14 @@ fn smooth(y: &[f64]) -> Vec<f64> {
 /// two noisy points has sqrt(2) times their spread), never less than one quantum. Unlike the
 /// spread around a fitted line, a periodic shape (a sawtooth riding on a leak) does not inflate it.
 pub fn step_noise(y: &[f64], quantum: f64) -> f64 {
+    successive_noise(y).max(quantum)
+}
+
+/// The robust spread of one point as successive differences see it: zero for a series that holds
+/// still between its moves.
+fn successive_noise(y: &[f64]) -> f64 {
     let d: Vec<f64> = y.windows(2).map(|w| w[1] - w[0]).collect();
-    (mad_scale(&d) / std::f64::consts::SQRT_2).max(quantum)
+    mad_scale(&d) / std::f64::consts::SQRT_2
 }
 
 /// Cuts `y[lo..hi]` recursively where the medians on both sides differ by `threshold`.
@@ -189,7 +195,10 @@ pub fn staircase(x: &[f64], y: &[f64], quantum: f64) -> Option<Staircase> {
     if n < 2 * MIN_SIDE {
         return None;
     }
-    let threshold = STEP_NOISE_SCALES * step_noise(y, quantum);
+    // A step must clear the noise of successive points, and be at least one quantum: a count that
+    // moves by whole units and holds still between them (threads started and never joined, one
+    // more descriptor) steps by one unit, which no noise hides.
+    let threshold = (STEP_NOISE_SCALES * successive_noise(y)).max(quantum);
     let smoothed = smooth(y);
     let mut cuts = Vec::new();
     cut(y, &smoothed, 0, n, threshold, &mut cuts);
@@ -294,6 +303,15 @@ mod tests {
             x.iter().map(|&i| [24.0, 46.0, 91.0, 181.0].iter().filter(|s| i >= **s).count() as f64 * 4608.0).collect();
         let s = staircase(&x, &y, 1.0).unwrap();
         assert!(s.climbs() && !s.levelled_off(), "{s:?}");
+    }
+
+    #[test]
+    fn a_count_that_rises_one_unit_at_intervals_is_a_staircase() {
+        // A thread started every 20 iterations and never joined.
+        let x = xs(180);
+        let y: Vec<f64> = x.iter().map(|i| 4.0 + (i / 20.0).floor()).collect();
+        let s = staircase(&x, &y, 1.0).expect("stairs");
+        assert!(s.climbs() && !s.levelled_off() && s.ups.len() >= 8, "{s:?}");
     }
 
     #[test]

@@ -401,3 +401,20 @@ fn a_rise_whose_last_half_still_climbs_but_not_significantly_is_undecided_and_a_
     assert_eq!(m.status, Status::Inconclusive, "{}", m.reason);
     assert!(m.reason.contains("undecided") && m.needs_iterations == Some(300), "{} {:?}", m.reason, m.needs_iterations);
 }
+
+#[test]
+fn the_resolution_of_an_undecided_staircase_is_its_noise_s_not_its_distance_to_significance() {
+    let cfg = DetectorConfig::default();
+    let x: Vec<f64> = (21..=200).map(|i| i as f64).collect();
+    let flat: Vec<f64> = x.iter().map(|&i| BASE + noise(i as u64, 3000.0)).collect();
+    let stairs: Vec<f64> = x
+        .iter()
+        .map(|&i| BASE + 1048576.0 * ((i >= 60.0) as u64 + 2 * (i >= 150.0) as u64) as f64 + noise(i as u64, 3000.0))
+        .collect();
+    let series = |y| crate::gauge::Series { x: &x, y, unit: "bytes", quantum: 1.0, tolerance_per_iter: 0.0 };
+    let j = crate::gauge::judge(&series(&stairs), &cfg);
+    assert_ne!(j.status, Status::Pass, "{}", j.reason);
+    let of_stairs = crate::gauge::resolution(&series(&stairs), j.slope, false, &cfg);
+    let of_flat = crate::gauge::resolution(&series(&flat), 0.0, true, &cfg);
+    assert!(of_stairs > 0.5 * of_flat && of_stairs < 2.0 * of_flat, "stairs {of_stairs}, flat {of_flat}");
+}

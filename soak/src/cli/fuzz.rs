@@ -1,6 +1,6 @@
 //! `plateau fuzz SCENARIO`: random mixes of a scenario's phases and request features, each a
-//! short soak judged by the exact layer; the first failure is shrunk (the library's
-//! `shrink::fuzz` has the lifecycle).
+//! soak judged as `plateau run` judges (registries and gauges, going on while undecided); the
+//! first failure is shrunk (the library's `shrink::fuzz` has the lifecycle).
 
 use std::path::PathBuf;
 
@@ -17,9 +17,10 @@ pub struct Args {
     /// Mixes to draw and run.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     cases: u32,
-    /// Iterations of each case: the exact layer decides at the first quiescent point that shows
-    /// a leftover, so a few are enough.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    /// Iterations of each case before it may go on (while its gauges are undecided, up to four
+    /// times as many). 60: the shortest default run whose every gauge has the 20 points after
+    /// warm-up a trend verdict needs; a registry leftover ends a case at once.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     iterations: u64,
     /// Seed of the draw and of every case's workload (default: the scenario's).
     #[arg(long)]
@@ -90,7 +91,7 @@ pub fn main(a: Args) -> u8 {
     let judged = found.judged;
     let asked = cases as usize;
     let fuzz_json = opts.out_dir.join("fuzz.json");
-    let code = outcome_code(found.failure.is_some(), judged, asked);
+    let code = outcome_code(found.failure.is_some(), judged, found.undecided, asked);
     match found.failure {
         None if code == HARNESS => {
             let why = if ran == 0 {
@@ -102,16 +103,27 @@ pub fn main(a: Args) -> u8 {
             code
         }
         None if code == INCONCLUSIVE => {
+            let mut why = Vec::new();
+            if found.undecided > 0 {
+                why.push(format!("{} still undecided at their cap", found.undecided));
+            }
+            if errors > 0 {
+                why.push(format!("{errors} did not run to a verdict"));
+            }
+            if judged < asked && errors == 0 {
+                why.push("the budget ran out for the rest".into());
+            }
             eprintln!(
-                "plateau: fuzz: {judged} of {asked} cases judged, none left anything behind at a quiescent point; {} (see {}): the property holds for the cases run only",
-                if errors > 0 { format!("{errors} did not run to a verdict") } else { "the budget ran out for the rest".into() },
+                "plateau: fuzz: {} of {asked} cases decided, none failing; {} (see {}): nothing here is a pass",
+                judged - found.undecided,
+                why.join(", "),
                 fuzz_json.display()
             );
             code
         }
         None => {
             eprintln!(
-                "plateau: fuzz: {judged} cases of {iterations} iterations, all judged, none left anything behind at a quiescent point ({})",
+                "plateau: fuzz: {judged} cases of {iterations} iterations or more, all judged and passed: none left anything behind or grew ({})",
                 opts.out_dir.display()
             );
             code
@@ -136,15 +148,15 @@ pub fn main(a: Args) -> u8 {
 }
 
 /// A fuzz's exit code: 1 when a case failed (a leak found, whatever else happened); otherwise 3
-/// when no case was judged (nothing decided: the budget ran out before the first, or every case
-/// broke), 4 when fewer were judged than asked for (the property holds for those only), 0 when
-/// every case asked for was judged and none failed.
-fn outcome_code(failed: bool, judged: usize, asked: usize) -> u8 {
+/// when no case was judged (the budget ran out before the first, or every case broke), 4 when a
+/// judged case stayed undecided or fewer were judged than asked for (the property holds for the
+/// decided ones only), 0 when every case asked for was judged and passed.
+fn outcome_code(failed: bool, judged: usize, undecided: usize, asked: usize) -> u8 {
     if failed {
         LEAK
     } else if judged == 0 {
         HARNESS
-    } else if judged < asked {
+    } else if undecided > 0 || judged < asked {
         INCONCLUSIVE
     } else {
         PASS
@@ -157,10 +169,11 @@ mod tests {
 
     #[test]
     fn only_every_case_judged_with_none_failing_passes() {
-        assert_eq!(outcome_code(false, 32, 32), PASS);
-        assert_eq!(outcome_code(false, 5, 32), INCONCLUSIVE);
-        assert_eq!(outcome_code(false, 0, 32), HARNESS);
-        assert_eq!(outcome_code(true, 0, 32), LEAK);
-        assert_eq!(outcome_code(true, 3, 32), LEAK);
+        assert_eq!(outcome_code(false, 32, 0, 32), PASS);
+        assert_eq!(outcome_code(false, 32, 1, 32), INCONCLUSIVE);
+        assert_eq!(outcome_code(false, 5, 0, 32), INCONCLUSIVE);
+        assert_eq!(outcome_code(false, 0, 0, 32), HARNESS);
+        assert_eq!(outcome_code(true, 0, 0, 32), LEAK);
+        assert_eq!(outcome_code(true, 3, 1, 32), LEAK);
     }
 }

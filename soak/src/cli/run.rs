@@ -162,7 +162,7 @@ pub struct Args {
     /// End the run at the first quiescent point where the exact layer fails (a per-request
     /// registry not back to zero, a bounded one over its capacity): a registry leak is decided
     /// there; the gauges are not judged past it.
-    #[arg(long, conflicts_with = "until_decided")]
+    #[arg(long)]
     stop_on_exact_failure: bool,
     #[command(flatten)]
     external: ExternalArgs,

@@ -10,10 +10,19 @@ use plateau_soak::heapprof::GrowthRecord;
 
 use super::HARNESS;
 
-/// Iterations a profiled replay profiles after warm-up, unless the growth became conclusive later
-/// (then up to that iteration, so a late onset is inside the window): enough for a per-iteration
-/// figure at the byte, while sampling every allocation costs the replay several times a plain run.
+/// Iterations of a profiled replay's window: enough for a per-iteration figure at the byte, while
+/// sampling every allocation costs the replay several times a plain run.
 const REPLAY_ITERATIONS: u64 = 40;
+
+/// The replay's window, where the run grew: it ends where the growth became conclusive (at least
+/// `REPLAY_ITERATIONS` past warm-up, at most the run's length) and spans the `REPLAY_ITERATIONS`
+/// before, never into warm-up. A cache that filled early and a creep that came after it are then
+/// told apart: the window holds the creep, not the fill.
+fn replay_window(warmup: u64, iterations: u64, first_iter: Option<u64>) -> (u64, u64) {
+    let start = warmup.max(1);
+    let end = iterations.min((start + REPLAY_ITERATIONS).max(first_iter.unwrap_or(0)));
+    (start.max(end.saturating_sub(REPLAY_ITERATIONS)), end)
+}
 
 /// After a run whose heap failed (or with --profile), the profiled replay that names where it
 /// grew; then the verdict is drawn again with the sites. Some(exit code) when the replay could not
@@ -28,8 +37,7 @@ pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -
     if !(profile || heap.status == plateau_reports::Status::Fail) {
         return None;
     }
-    let start = r.verdict.warmup_iterations.max(1);
-    let end = r.iterations.min((start + REPLAY_ITERATIONS).max(heap.first_iter.unwrap_or(0)));
+    let (start, end) = replay_window(r.verdict.warmup_iterations, r.iterations, heap.first_iter);
     if end <= start {
         eprintln!("plateau: no profiled replay: the run ended within its warm-up");
         return None;
@@ -51,7 +59,11 @@ pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -
         end_iter: end,
         run_dir: &r.out_dir,
         metric: "jemalloc.allocated",
-        run_bytes_per_iter: heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter),
+        // The run's own growth over the replay's window, so that like is compared with like (a
+        // cache that filled before the window, or a growth that starts after it, would make the
+        // run's overall rate another figure).
+        run_bytes_per_iter: window_rate(&r.out_dir, "jemalloc.allocated", start, end)
+            .unwrap_or_else(|| heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter)),
         requests_per_iter: r.verdict.requests_per_iter,
     };
     eprintln!("plateau: profiling a replay of iterations {start}..{end} for the heap's allocation sites");
@@ -61,6 +73,19 @@ pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -
         return Some(HARNESS);
     }
     rejudge(r)
+}
+
+/// A gauge's Theil–Sen rate over the quiescent points of [start, end] in the run's samples.
+fn window_rate(dir: &std::path::Path, metric: &str, start: u64, end: u64) -> Option<f64> {
+    let s = plateau_reports::Samples::read(&dir.join("samples.jsonl")).ok()?;
+    let i = s.index(metric)?;
+    let pts: Vec<(u64, f64)> = s.quiescent_series(i).into_iter().filter(|(it, _)| (start..=end).contains(it)).collect();
+    if pts.len() < 2 {
+        return None;
+    }
+    let x: Vec<f64> = pts.iter().map(|p| p.0 as f64).collect();
+    let y: Vec<f64> = pts.iter().map(|p| p.1).collect();
+    Some(plateau_soak::detector::stats::theil_sen(&x, &y))
 }
 
 /// The external target of a run, as a profiled replay needs it.
@@ -90,8 +115,7 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
     let m = failing.or_else(|| if profile { SERVER_MEMORY.iter().find_map(|n| gauge(n)) } else { None })?;
     let (metric, slope, first_iter) =
         (m.name.clone(), m.trend.as_ref().map_or(0.0, |t| t.slope_per_iter), m.first_iter);
-    let start = r.verdict.warmup_iterations.max(1);
-    let end = r.iterations.min((start + REPLAY_ITERATIONS).max(first_iter.unwrap_or(0)));
+    let (start, end) = replay_window(r.verdict.warmup_iterations, r.iterations, first_iter);
     let note = |why: String| GrowthRecord {
         metric: metric.clone(),
         start_iter: start,
@@ -124,7 +148,7 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
                 end_iter: end,
                 run_dir: &r.out_dir,
                 metric: &metric,
-                run_bytes_per_iter: slope,
+                run_bytes_per_iter: window_rate(&r.out_dir, &metric, start, end).unwrap_or(slope),
                 requests_per_iter: r.verdict.requests_per_iter,
                 kind: &kind,
             };
@@ -164,5 +188,18 @@ fn rejudge(r: &mut driver::RunResult) -> Option<u8> {
             eprintln!("plateau: {e}");
             Some(HARNESS)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::replay_window;
+
+    #[test]
+    fn the_window_ends_where_the_growth_became_conclusive_and_holds_the_iterations_before() {
+        assert_eq!(replay_window(20, 200, Some(40)), (20, 60));
+        assert_eq!(replay_window(20, 200, Some(150)), (110, 150));
+        assert_eq!(replay_window(20, 200, None), (20, 60));
+        assert_eq!(replay_window(20, 30, Some(25)), (20, 30));
     }
 }

@@ -306,9 +306,10 @@ impl Target for EngineTarget {
         Ok(p)
     }
 
-    /// The live heap dumped by jemalloc's profiler, switched on at the window's start: the
-    /// harness's own allocations are in their own arena and the engine is idle, so the dumps
-    /// differ by what the engine kept.
+    /// The live heap dumped by jemalloc's profiler, active since the replay started (activating
+    /// it again at the window's start is a no-op, kept for a replay started without it): the
+    /// engine is idle and the harness keeps no growing state, so the dumps differ by what the
+    /// engine kept, frees of older objects included.
     fn mark_window(&mut self, edge: WindowEdge, _iter: u64, out_dir: &Path) -> Result<(), RunError> {
         use crate::heapprof::control;
         if edge == WindowEdge::Start {

@@ -1,15 +1,18 @@
 //! jemalloc's heap profiler, switched from inside the profiled process: whether this build has
 //! it, activation, and dumps. Profiling must be enabled when the process starts (`prof:true` in
-//! `MALLOC_CONF`, which the parent sets for a replay); it stays inactive, costing nothing, until a
-//! replay activates it after warm-up.
+//! `MALLOC_CONF`, which the parent sets for a replay). A replay samples from its first allocation,
+//! so that what was allocated before its window and freed inside it (a table's old buffer when it
+//! doubles, a cache's evicted entries) counts against its site between the dumps.
 
 use std::ffi::CString;
 use std::path::Path;
 
-/// The `MALLOC_CONF` a profiled replay starts with: profiling compiled in and enabled, inactive
-/// until the warm-up is over, and every allocation sampled (`lg_prof_sample:0`), so that a leak
-/// of a few bytes per request is seen exactly, not estimated.
-pub const REPLAY_MALLOC_CONF: &str = "prof:true,prof_active:false,lg_prof_sample:0";
+/// The `MALLOC_CONF` a profiled replay starts with: profiling compiled in, enabled and active
+/// from the start, and every allocation sampled (`lg_prof_sample:0`), so that a leak of a few
+/// bytes per request is seen exactly, not estimated. Switched on only at the window's start, the
+/// profiler saw no free of what was allocated before it: a doubling table's new buffer counted in
+/// full and its old one not at all (948 B/iteration of sites against the heap's 193).
+pub const REPLAY_MALLOC_CONF: &str = "prof:true,prof_active:true,lg_prof_sample:0";
 
 /// Whether this binary's jemalloc was built with heap profiling.
 pub fn compiled_in() -> bool {

@@ -285,11 +285,15 @@ pub fn growth_text(g: &Growth, requests_per_iter: Option<f64>, command: &str) ->
     out
 }
 
-/// A flamegraph of the bytes gained, stacks outermost first, allocator frames left out.
+/// A flamegraph of the bytes gained, stacks outermost first, allocator frames left out. Stacks
+/// that gained nothing (or gave back, frees of older objects counted) are not drawn; with none
+/// left the page says so.
 fn flamegraph(g: &Growth) -> std::io::Result<Vec<u8>> {
+    let title = format!("Heap gained between iterations {} and {}", g.start_iter, g.end_iter);
     let lines: Vec<String> = g
         .stacks
         .iter()
+        .filter(|s| s.bytes > 0)
         .map(|s| {
             let names: Vec<String> = s
                 .flat()
@@ -302,8 +306,14 @@ fn flamegraph(g: &Growth) -> std::io::Result<Vec<u8>> {
             format!("{} {}", if names.is_empty() { "?".to_string() } else { names.join(";") }, s.bytes)
         })
         .collect();
+    if lines.is_empty() {
+        return Ok(format!(
+            "<?xml version=\"1.0\" standalone=\"no\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"600\" height=\"60\"><text x=\"10\" y=\"25\">{title}</text><text x=\"10\" y=\"45\">no stack gained memory</text></svg>\n"
+        )
+        .into_bytes());
+    }
     let mut opts = inferno::flamegraph::Options::default();
-    opts.title = format!("Heap gained between iterations {} and {}", g.start_iter, g.end_iter);
+    opts.title = title;
     opts.count_name = "bytes".into();
     opts.deterministic = true;
     let mut svg = Vec::new();

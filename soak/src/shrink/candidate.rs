@@ -22,7 +22,8 @@ use super::Origin;
 
 /// What failed in the run being shrunk, and so what a candidate must fail on to fail the same way:
 /// the exact layer's failures (registries, idle self-checks) where there are any, since they are
-/// decided without statistics at the first iteration they appear; else the failing gauges.
+/// decided without statistics at the first iteration they appear; else the failing gauges. With
+/// no metrics named, any failure of the exact layer (`exact`) or any failure at all.
 #[derive(Debug, Clone)]
 pub struct Signature {
     pub metrics: Vec<String>,
@@ -55,14 +56,19 @@ impl Signature {
         (!specific.is_empty()).then_some(Signature { metrics: specific, exact: false })
     }
 
-    /// Any failure of the exact layer (`plateau fuzz`: what a case must not do).
+    /// Any failure of the exact layer.
     pub fn any_exact() -> Signature {
         Signature { metrics: Vec::new(), exact: true }
     }
 
+    /// Any failure at all, of the exact layer or a gauge (`plateau fuzz`: what a case must not do).
+    pub fn any() -> Signature {
+        Signature { metrics: Vec::new(), exact: false }
+    }
+
     fn covers(&self, m: &plateau_reports::MetricVerdict) -> bool {
         if self.metrics.is_empty() {
-            self.exact && is_exact(&m.kind)
+            !self.exact || is_exact(&m.kind)
         } else {
             self.metrics.contains(&m.name)
         }
@@ -132,6 +138,9 @@ pub struct Setup<'a> {
     pub quiet: bool,
     /// How a progress line names a candidate: "shrink: candidate", "fuzz: case".
     pub label: &'static str,
+    /// Each child goes on past its length while its verdict is undecided (`run --until-decided`,
+    /// up to four times the length): a fuzz case is judged as a run is.
+    pub until_decided: bool,
 }
 
 /// Runs candidates and keeps their record.
@@ -288,8 +297,12 @@ impl Setup<'_> {
         cmd.arg("run").arg(scenario).args(["--seed", &self.seed.to_string()]);
         cmd.args(["--iterations", &iterations.max(1).to_string(), "--quiet", "--no-replay"]);
         cmd.arg("--out").arg(out).args(flags);
-        if self.signature.exact {
+        if self.signature.exact || self.until_decided {
+            // An exact-layer failure is decided at the first quiescent point that shows it.
             cmd.arg("--stop-on-exact-failure");
+        }
+        if self.until_decided {
+            cmd.arg("--until-decided");
         }
         if self.origin.target.is_some() {
             let (url, spawn) = self.origin.own_server();

@@ -1,13 +1,16 @@
 //! `plateau fuzz`: a property test over a scenario's features, for people testing their own
 //! engines. Each case is a random mix of the scenario's phases and request features (drawn by
-//! proptest from the run's seed, so the same command draws the same cases), run as a short soak
-//! and judged by the exact layer alone: every per-request registry and in-flight gauge back to
-//! zero at every quiescent point, every bounded one within its capacity, every idle self-check
-//! holding. The property is that no mix breaks it.
+//! proptest from the run's seed, so the same command draws the same cases), run as a soak and
+//! judged as `plateau run` judges: the exact layer (every per-request registry and in-flight gauge
+//! back to zero at every quiescent point, every bounded one within its capacity, every idle
+//! self-check holding) and the gauges (memory that does not level off), so that a server whose
+//! registries are right can still fail on what it keeps. The property is that no mix fails.
 //!
 //! Lifecycle: draw `cases` mixes; run them `jobs` at a time, in order, each ending at its first
-//! exact-layer failure (`run --stop-on-exact-failure`); at the first batch with a failing case,
-//! stop and shrink the first failing case as `plateau shrink` does, into `shrink/`.
+//! exact-layer failure (`run --stop-on-exact-failure`) or going on while its gauges are undecided
+//! (`--until-decided`, up to four times its length); at the first batch with a failing case, stop
+//! and shrink the first failing case as `plateau shrink` does, into `shrink/`. A case still
+//! undecided at its cap is counted as such.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -80,6 +83,8 @@ pub struct Fuzzed {
     /// first run).
     pub drawn: usize,
     pub judged: usize,
+    /// Of the judged cases, those still undecided at their cap (inconclusive).
+    pub undecided: usize,
     /// The first failing case's record index, and its shrink.
     pub failure: Option<(usize, Result<Shrunk, ShrinkError>)>,
 }
@@ -95,15 +100,17 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
         exe: opts.exe.clone(),
         origin,
         seed: opts.seed,
-        signature: Signature::any_exact(),
+        signature: Signature::any(),
         dir: opts.out_dir.clone(),
         jobs,
         deadline: t0 + opts.budget,
         quiet: opts.quiet,
         label: "fuzz: case",
+        until_decided: true,
     });
     let mut failing = None;
     let mut judged_cases = 0;
+    let mut undecided = 0;
     for batch in mixes.chunks(jobs) {
         let docs: Vec<(String, Table)> = batch
             .iter()
@@ -111,6 +118,7 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
             .collect();
         let judged = runner.judge(&docs);
         judged_cases += judged.iter().filter(|(_, k)| runner.records[*k].judged()).count();
+        undecided += judged.iter().filter(|(_, k)| runner.records[*k].verdict == "inconclusive").count();
         if let Some(&(_, k)) = judged.iter().find(|(f, _)| *f) {
             failing = Some(k);
             break;
@@ -144,7 +152,7 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
     let path = opts.out_dir.join("fuzz.json");
     crate::fsutil::write_atomic(&path, (serde_json::to_string_pretty(&json).unwrap_or_default() + "\n").as_bytes())
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(Fuzzed { records: runner.records, drawn: mixes.len(), judged: judged_cases, failure })
+    Ok(Fuzzed { records: runner.records, drawn: mixes.len(), judged: judged_cases, undecided, failure })
 }
 
 #[cfg(test)]

@@ -287,6 +287,7 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
         deadline: t0 + opts.budget,
         quiet: opts.quiet,
         label: "shrink: candidate",
+        until_decided: false,
     };
     let mut search = Search { runner: Runner::new(setup), best: start.clone() };
     let replayed = search.runner.judge(&[("the run as it was".into(), start.clone())]);
