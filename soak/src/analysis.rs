@@ -25,12 +25,28 @@ pub fn judge_run(samples: &Path, overrides: &Overrides) -> Result<(Samples, Verd
 
 /// [`judge_run`] of samples already read from `samples`.
 pub fn judge_read(s: &Samples, samples: &Path, overrides: &Overrides) -> Result<Verdict, String> {
-    let mut v = crate::detector::judge_with(s, overrides).map_err(|e| format!("{}: {e}", samples.display()))?;
+    let growth = read_run_json::<crate::heapprof::GrowthRecord>(&samples.with_file_name("growth.json"));
+    // What a replay of a server showed of its live heap, weighed against its process memory.
+    let live_heap: Vec<crate::detector::LiveHeap> = growth
+        .iter()
+        .filter_map(|g| Some((g, g.live_heap_bytes_per_iter?, g.live_heap_source.clone()?)))
+        .flat_map(|(g, live, source)| {
+            std::iter::once(&g.metric).chain(&g.also).map(move |metric| crate::detector::LiveHeap {
+                metric: metric.clone(),
+                start_iter: g.start_iter,
+                end_iter: g.end_iter,
+                live_bytes_per_iter: live,
+                source: source.clone(),
+            })
+        })
+        .collect();
+    let mut v = crate::detector::judge_with_evidence(s, overrides, &live_heap)
+        .map_err(|e| format!("{}: {e}", samples.display()))?;
     if let Some(residues) = read_run_json::<Vec<Residue>>(&samples.with_file_name("residues.json")) {
         name_insertion_sites(&residues, &mut v);
     }
-    if let Some(g) = read_run_json::<crate::heapprof::GrowthRecord>(&samples.with_file_name("growth.json")) {
-        name_growth_sites(&g, &mut v);
+    if let Some(g) = &growth {
+        name_growth_sites(g, &mut v);
     }
     note_node_heaps(&mut v);
     if let Some(snap) = read_run_json::<crate::mappings::Snapshots>(&samples.with_file_name("mappings.json")) {
@@ -84,7 +100,7 @@ fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
     }
     if !g.reproduced {
         v.attribution.push(format!(
-            "replay: the profiled replay (iterations {}..{}) grew {}/iteration against the run's {}/iteration: it did not reproduce the growth, so no allocation site is named (the run depended on something outside its seed?)",
+            "replay: the profiled replay's sites (iterations {}..{}) grew {}/iteration against the run's {}/iteration over the same iterations: not within a factor of 2, so no allocation site is blamed (growth.txt lists what the replay saw)",
             g.start_iter,
             g.end_iter,
             fmt(g.replay_bytes_per_iter),

@@ -5,7 +5,7 @@
 
 use plateau_reports::{EndState, RunEnd, Samples, Status, Verdict};
 
-use super::{analyze, warmup_rule, DetectorConfig, Per, Tolerance};
+use super::{analyze, warmup_rule, DetectorConfig, LiveHeap, Per, Tolerance};
 
 /// How a verdict's warning marks a run that `--stop-on-exact-failure` ended before its planned
 /// length (a shrink replays such a run at the length it planned).
@@ -43,6 +43,12 @@ pub fn judge(s: &Samples) -> Result<Verdict, String> {
 
 /// [`judge`] with other settings where `o` gives them; the verdict names them.
 pub fn judge_with(s: &Samples, o: &Overrides) -> Result<Verdict, String> {
+    judge_with_evidence(s, o, &[])
+}
+
+/// [`judge_with`], weighing what profiled replays of the run showed of live heaps (the run's
+/// growth.json, read by the soak's `analysis::judge_run`): evidence the run left on disk.
+pub fn judge_with_evidence(s: &Samples, o: &Overrides, live_heap: &[LiveHeap]) -> Result<Verdict, String> {
     let recorded = s
         .header
         .tolerance
@@ -52,7 +58,8 @@ pub fn judge_with(s: &Samples, o: &Overrides) -> Result<Verdict, String> {
     let tolerance = o.tolerance.or(recorded).unwrap_or_default();
     let last = s.last_iter();
     let warmup_iterations = warmup_rule(o.warmup, s.header.warmup_iterations, Some(last))?;
-    let cfg = DetectorConfig { warmup_iterations, tolerance, ..DetectorConfig::default() };
+    let cfg =
+        DetectorConfig { warmup_iterations, tolerance, live_heap: live_heap.to_vec(), ..DetectorConfig::default() };
     let unfinished = unfinished(s);
     let mut v = analyze(s, &cfg, unfinished.as_deref());
     if (o.tolerance.is_some() || recorded.is_some()) && v.requests_per_iter.is_none() && tolerance.per == Per::Request {

@@ -27,6 +27,7 @@ pub mod corpus;
 mod exact;
 pub mod gauge;
 mod judge;
+mod live_heap;
 mod overhead;
 pub mod power;
 pub mod release;
@@ -39,7 +40,8 @@ use plateau_reports::{
 };
 
 use gauge::{fmt_value, Series};
-pub use judge::{judge, judge_with, unfinished, Overrides, STOPPED_ON_EXACT_FAILURE};
+pub use judge::{judge, judge_with, judge_with_evidence, unfinished, Overrides, STOPPED_ON_EXACT_FAILURE};
+pub use live_heap::LiveHeap;
 pub use tolerance::{Per, Tolerance};
 
 /// Warm-up when neither the user nor the scenario or samples header says: the engine's caches
@@ -81,6 +83,8 @@ pub struct DetectorConfig {
     pub min_points: usize,
     /// Byte growth accepted per request or per iteration.
     pub tolerance: Tolerance,
+    /// What profiled replays showed of live heaps beside process-memory gauges (`live_heap.rs`).
+    pub live_heap: Vec<LiveHeap>,
 }
 
 impl Default for DetectorConfig {
@@ -91,6 +95,7 @@ impl Default for DetectorConfig {
             tail_p_value: 0.05,
             min_points: 20,
             tolerance: Tolerance::default(),
+            live_heap: Vec::new(),
         }
     }
 }
@@ -284,6 +289,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, unfinished: Option<&str>) -> V
     }
     bounds::apply(s, &mut metrics);
     overhead::apply(s, &mut metrics, cfg);
+    live_heap::apply(s, &mut metrics, &cfg.live_heap, cfg);
     metrics.extend(exact::checks(&quiescent, &metrics));
     let attribution = attribution::attribute(s, &mut metrics, cfg);
     // Failures first, earliest evidence first; then what could not be judged; then warnings;

@@ -418,3 +418,33 @@ fn the_resolution_of_an_undecided_staircase_is_its_noise_s_not_its_distance_to_s
     let of_flat = crate::gauge::resolution(&series(&flat), 0.0, true, &cfg);
     assert!(of_stairs > 0.5 * of_flat && of_stairs < 2.0 * of_flat, "stairs {of_stairs}, flat {of_flat}");
 }
+
+#[test]
+fn process_memory_whose_live_heap_did_not_grow_is_the_allocator_s_and_passes_only_when_it_slows() {
+    let evidence = |live: f64| {
+        vec![crate::LiveHeap {
+            metric: "g".into(),
+            start_iter: 160,
+            end_iter: 200,
+            live_bytes_per_iter: live,
+            source: "memray".into(),
+        }]
+    };
+    let judge = |s: &Samples, live: f64| {
+        let cfg = DetectorConfig { live_heap: evidence(live), ..DetectorConfig::default() };
+        analyze(s, &cfg, None).metrics.into_iter().find(|m| m.name == "g").unwrap()
+    };
+    // Fragmentation that converges: each third adds less (a square root of the churn).
+    let converging = gauge(N, |i| BASE + 64.0 * 1024.0 * (i as f64).sqrt());
+    assert_eq!(judge(&converging, 0.0).status, Status::Pass);
+    let m = judge(&converging, 0.0);
+    assert!(m.reason.contains("the allocator's") && m.reason.contains("slows"), "{}", m.reason);
+    // Steady growth around a flat live heap: the allocator's, not shown to slow: undecided.
+    let steady = gauge(N, |i| BASE + 2048.0 * i as f64);
+    let m = judge(&steady, 0.0);
+    assert_eq!(m.status, Status::Inconclusive, "{}", m.reason);
+    // The same growth with the live heap growing as fast: the program's, a failure.
+    assert_eq!(judge(&steady, 2048.0).status, Status::Fail);
+    // No evidence: the gauge's own verdict.
+    assert_eq!(analyze(&steady, &DetectorConfig::default(), None).metrics[0].status, Status::Fail);
+}

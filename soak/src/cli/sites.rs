@@ -113,9 +113,10 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
     let gauge = |name: &str| r.verdict.metrics.iter().find(|m| m.name == name && m.trend.is_some());
     let failing = SERVER_MEMORY.iter().find_map(|n| gauge(n).filter(|m| m.status == Status::Fail));
     let m = failing.or_else(|| if profile { SERVER_MEMORY.iter().find_map(|n| gauge(n)) } else { None })?;
-    let (metric, slope, first_iter) =
-        (m.name.clone(), m.trend.as_ref().map_or(0.0, |t| t.slope_per_iter), m.first_iter);
-    let (start, end) = replay_window(r.verdict.warmup_iterations, r.iterations, first_iter);
+    let (metric, slope) = (m.name.clone(), m.trend.as_ref().map_or(0.0, |t| t.slope_per_iter));
+    // A server's process memory is weighed against its live heap where it still grew: the run's
+    // last iterations, after any cache filled (its profiler starts with the server).
+    let (start, end) = replay_window(r.verdict.warmup_iterations, r.iterations, Some(r.iterations));
     let note = |why: String| GrowthRecord {
         metric: metric.clone(),
         start_iter: start,
@@ -151,6 +152,11 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
                 run_bytes_per_iter: window_rate(&r.out_dir, &metric, start, end).unwrap_or(slope),
                 requests_per_iter: r.verdict.requests_per_iter,
                 kind: &kind,
+                also: SERVER_MEMORY
+                    .iter()
+                    .filter(|n| **n != metric && gauge(n).is_some())
+                    .map(|n| n.to_string())
+                    .collect(),
             };
             if !matches!(kind, ServerKind::OwnAllocator { .. }) {
                 eprintln!("plateau: {}; profiling a replay of iterations {start}..{end}", kind.describe());

@@ -124,6 +124,12 @@ impl Growth {
         self.stacks.iter().map(|s| s.bytes).sum::<i64>() as f64 / self.iterations()
     }
 
+    /// The whole live heap's change per iteration over the window, every stack counted, frees of
+    /// older objects included: what the program's objects took, whatever its allocator did.
+    pub fn net_bytes_per_iter(&self) -> f64 {
+        (self.stacks.iter().map(|s| s.bytes).sum::<i64>() + self.one_half_only.1) as f64 / self.iterations()
+    }
+
     /// Growth by allocation site, most bytes first: (site, objects, bytes).
     pub fn sites(&self) -> Vec<(Frame, i64, i64)> {
         let mut by: Vec<(Frame, i64, i64)> = Vec::new();
@@ -188,6 +194,17 @@ pub struct GrowthRecord {
     /// no profiler installed), in place of the figures above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// For a gauge of a server's process memory: the replay's whole live heap change per
+    /// iteration over the window (its profiler's, frees included), the evidence of whether the
+    /// program's objects grew or only its allocator's footprint did; and the profiler it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_heap_bytes_per_iter: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_heap_source: Option<String>,
+    /// The other gauges of the same process's memory (RSS beside its anonymous pages) the live
+    /// heap is weighed against too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also: Vec<String>,
 }
 
 /// Writes growth.json, which the verdict's judging reads back.

@@ -111,6 +111,10 @@ impl ReplaySpec<'_> {
             // Listed either way; the verdict blames them only if the replay reproduced a failure.
             sites: g.verdict_sites(self.requests_per_iter, 5),
             note: None,
+            // In-process the gauge is the live heap itself: there is nothing to weigh it against.
+            live_heap_bytes_per_iter: None,
+            live_heap_source: None,
+            also: Vec::new(),
         };
         super::write_record(self.run_dir, &record)?;
         Ok(record)

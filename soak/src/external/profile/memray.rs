@@ -128,6 +128,12 @@ fn from_reader(v: &serde_json::Value, exe: &Path, window: &Window) -> Result<Gro
         });
     }
     g.stacks.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
+    // The reader lists the top stacks; its total covers them all: what the counted stacks do not
+    // hold is the rest's net change.
+    if let Some(net) = v["net_bytes"].as_i64() {
+        let counted: i64 = g.stacks.iter().map(|s| s.bytes).sum();
+        g.one_half_only.1 = net - counted;
+    }
     Ok(g)
 }
 

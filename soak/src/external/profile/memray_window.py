@@ -1,13 +1,14 @@
-"""What a Python server allocated inside a profiled replay's window and still held at its end,
-by stack, read from memray captures through memray's own API.
+"""How much more a Python server held at the end of a profiled replay's window than at its start,
+by stack, read from memray captures (recording from the server's start) through memray's own API.
 
 usage: python3 memray_window.py START_MS MID_MS END_MS CAPTURE...
 
 START_MS, MID_MS and END_MS are wall-clock times (milliseconds since the epoch) of the replay's
-quiescent points: the end of warm-up, the middle and the end of the window. For every allocation
-stack it prints the bytes and objects allocated after START and alive at END, split into the
-halves before and after MID (growth that is the leak's comes in both halves; memory alive at one
-point and not at another does not). One JSON object on standard output.
+quiescent points at the window's start, middle and end. For every allocation stack it prints the
+change of what that stack held alive from START to MID and from MID to END, in bytes and objects:
+memory allocated before the window and freed inside it counts against its stack (a cache that
+evicts as it adds holds as much at the end as at the start), and growth that is the leak's comes in
+both halves. One JSON object on standard output.
 """
 import json
 import sys
@@ -38,15 +39,20 @@ def main():
         if not times:
             continue
         i0, im, i1 = (snapshot_index(times, t) for t in (start_ms, mid_ms, end_ms))
+
+        def alive(a, d, i):
+            """Allocated before snapshot i and not freed before it."""
+            return a <= i and (d is None or d > i)
+
         for rec in reader.get_temporal_allocation_records(merge_threads=True):
-            halves = [0, 0, 0, 0]  # bytes, objects before MID; bytes, objects after
+            halves = [0, 0, 0, 0]  # change of bytes, objects from START to MID; from MID to END
             for iv in rec.intervals:
                 a, d = iv.allocated_before_snapshot, iv.deallocated_before_snapshot
-                if a <= i0 or a > i1 or (d is not None and d <= i1):
-                    continue
-                h = 0 if a <= im else 2
-                halves[h] += iv.n_bytes
-                halves[h + 1] += iv.n_allocations
+                at = [alive(a, d, i) for i in (i0, im, i1)]
+                for h, (before, after) in ((0, (at[0], at[1])), (2, (at[1], at[2]))):
+                    delta = int(after) - int(before)
+                    halves[h] += delta * iv.n_bytes
+                    halves[h + 1] += delta * iv.n_allocations
             if not any(halves):
                 continue
             key = tuple((f, fn, ln) for f, fn, ln in rec.stack_trace())
@@ -57,6 +63,8 @@ def main():
     out = {
         "stdlib": sysconfig.get_paths()["stdlib"],
         "snapshots": snapshots,
+        # The whole live heap's change over the window, every stack counted (the list is the top).
+        "net_bytes": sum(v[0] + v[2] for v in stacks.values()),
         "stacks": [
             {
                 "frames": [{"function": f, "file": fn, "line": ln} for f, fn, ln in key],

@@ -88,6 +88,8 @@ pub struct ExternalReplay<'a> {
     pub run_bytes_per_iter: f64,
     pub requests_per_iter: Option<f64>,
     pub kind: &'a ServerKind,
+    /// The other gauges of the process's memory its live heap is weighed against too.
+    pub also: Vec<String>,
 }
 
 impl ExternalReplay<'_> {
@@ -143,6 +145,12 @@ impl ExternalReplay<'_> {
             command,
             sites: growth.verdict_sites(self.requests_per_iter, 5),
             note: None,
+            live_heap_bytes_per_iter: Some(growth.net_bytes_per_iter()),
+            live_heap_source: Some(match self.kind {
+                ServerKind::Python { .. } => "memray".into(),
+                _ => "jemalloc's heap dumps".into(),
+            }),
+            also: self.also.clone(),
         };
         crate::heapprof::write_record(self.run_dir, &record)?;
         Ok(record)
