@@ -348,6 +348,40 @@ impl Samples {
     pub fn last_iter(&self) -> u64 {
         self.rows.iter().map(|r| r.iter).max().unwrap_or(0)
     }
+
+    /// The file as a v1 writer writes it: the header, one line per sample (missing values left
+    /// out), and the end record when there is one. [`Samples::parse`] reads it back as it was.
+    pub fn to_jsonl(&self) -> String {
+        let mut out = serde_json::to_string(&self.header).expect("a header is plain data") + "\n";
+        let mut line = |s: &SampleLine| {
+            out += &serde_json::to_string(s).expect("a sample is plain data");
+            out.push('\n');
+        };
+        for r in &self.rows {
+            let values = self.names.iter().zip(&r.values).filter_map(|(n, v)| v.map(|v| (n.clone(), v))).collect();
+            line(&SampleLine {
+                t: r.t,
+                iter: r.iter,
+                quiescent: r.quiescent,
+                values,
+                cost_us: BTreeMap::new(),
+                checks: r.checks.clone(),
+                end: None,
+            });
+        }
+        if let (Some(end), Some(last)) = (&self.end, self.rows.last()) {
+            line(&SampleLine {
+                t: last.t + 1e-3,
+                iter: last.iter,
+                quiescent: false,
+                values: BTreeMap::new(),
+                cost_us: BTreeMap::new(),
+                checks: BTreeMap::new(),
+                end: Some(end.clone()),
+            });
+        }
+        out
+    }
 }
 
 /// A samples file may hold at most this many bytes: a sample a second for a year of metrics at

@@ -103,3 +103,15 @@ fn reads_are_bounded_and_only_regular_files_are_opened() {
     let e = parse(&long).unwrap_err().to_string();
     assert!(e.contains(":2: line: a line longer than 8 MiB"), "{e}");
 }
+
+#[test]
+fn a_file_written_by_to_jsonl_reads_back_as_it_was() {
+    let end = r#"{"t":3,"iter":2,"quiescent":false,"values":{},"end":{"state":"completed","iterations":2}}"#;
+    let s = parse(&format!(
+        "{HEADER}\n{{\"t\":1,\"iter\":1,\"quiescent\":true,\"values\":{{\"a\":10}}}}\n{{\"t\":2,\"iter\":2,\"quiescent\":false,\"values\":{{\"a\":12,\"b\":3}}}}\n{end}\n"
+    ))
+    .unwrap();
+    assert!(s.end.is_some());
+    let again = parse(&s.to_jsonl()).unwrap();
+    assert_eq!(again, s);
+}

@@ -78,6 +78,10 @@ enum Command {
         /// Write every event of the run, one line each, to this file.
         #[arg(long)]
         trace: Option<std::path::PathBuf>,
+        /// Write what the detector judged (every node's registries and gauges at each quiescent
+        /// point) to this file as samples v1: `plateau analyze FILE` plots and explains it.
+        #[arg(long, value_name = "FILE")]
+        samples: Option<std::path::PathBuf>,
         #[command(flatten)]
         run: RunArgs,
     },
@@ -160,8 +164,8 @@ fn main() -> ExitCode {
             }
         }
         Command::Merge { files, summary_md } => merge(&files, summary_md.as_deref()),
-        Command::Replay { seed, trace, run } => match spec(&run) {
-            Ok(spec) => replay(seed, trace, &spec),
+        Command::Replay { seed, trace, samples, run } => match spec(&run) {
+            Ok(spec) => replay(seed, trace, samples, &spec),
             Err(e) => usage(&e),
         },
     }
@@ -215,7 +219,7 @@ fn sweep(_: std::ops::Range<u64>, _: Option<(u64, u64)>, _: &RunSpec, _: bool, _
 }
 
 #[cfg(not(madsim))]
-fn replay(_: u64, _: Option<std::path::PathBuf>, _: &RunSpec) -> ExitCode {
+fn replay(_: u64, _: Option<std::path::PathBuf>, _: Option<std::path::PathBuf>, _: &RunSpec) -> ExitCode {
     not_simulation()
 }
 
@@ -293,7 +297,12 @@ fn sweep(
 }
 
 #[cfg(madsim)]
-fn replay(seed: u64, trace: Option<std::path::PathBuf>, spec: &RunSpec) -> ExitCode {
+fn replay(
+    seed: u64,
+    trace: Option<std::path::PathBuf>,
+    samples: Option<std::path::PathBuf>,
+    spec: &RunSpec,
+) -> ExitCode {
     let r = plateau_sim::runner::run_seed(spec, seed, trace.is_some());
     for v in &r.violations {
         println!(
@@ -313,6 +322,21 @@ fn replay(seed: u64, trace: Option<std::path::PathBuf>, spec: &RunSpec) -> ExitC
             return ExitCode::from(3);
         }
         println!("trace: {} events written to {}", r.events, path.display());
+    }
+    if let Some(path) = samples {
+        let Some(s) = &r.samples else {
+            eprintln!("plateau-sim: the run recorded no samples (it ended before its first quiescent point)");
+            return ExitCode::from(3);
+        };
+        if let Err(e) = std::fs::write(&path, s.to_jsonl()) {
+            eprintln!("plateau-sim: cannot write the samples to {}: {e}", path.display());
+            return ExitCode::from(3);
+        }
+        println!(
+            "samples: {} quiescent points written to {} (plateau analyze plots them)",
+            s.rows.len(),
+            path.display()
+        );
     }
     if r.passed() {
         ExitCode::SUCCESS

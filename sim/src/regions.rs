@@ -10,12 +10,23 @@
 //! are what the cache accounts for. They are equal unless a mapping escapes the cache: the
 //! `pd-mmap-hook` injection re-creates the incident's memory hook, which keeps the old mapping
 //! alive on every remap, so the kernel's view grows while the cache's stays flat.
+//!
+//! The cache's bytes are bounded: at most `capacity` regions, none larger than a whole KV pool
+//! (`max_region_bytes`). Between those bounds they move with the sizes of recent transfers, a
+//! level that wanders (the region reused is the one released last), so the samples declare the
+//! limit as their bound (`limit_bytes`): the wander is judged as a fill under a fixed ceiling.
 
 const PAGE: u64 = 4096;
+
+/// The gauge that holds [`Regions::limit_bytes`]: the samples declare it the bound (`within`) of
+/// the cache's registered bytes and of the kernel's view of its mappings.
+pub const LIMIT_METRIC: &str = "engine.transport_region_limit_bytes";
 
 #[derive(Debug)]
 pub struct Regions {
     capacity: usize,
+    /// No transfer is larger than this (a whole KV pool, page-rounded).
+    max_region_bytes: u64,
     /// Size in bytes of each registered region.
     sizes: Vec<u64>,
     /// Indexes of free regions, most recently released last.
@@ -25,14 +36,16 @@ pub struct Regions {
 }
 
 impl Regions {
-    pub fn new(capacity: usize, leak_on_remap: bool) -> Self {
+    pub fn new(capacity: usize, max_region_bytes: u64, leak_on_remap: bool) -> Self {
         assert!(capacity > 0, "a registration cache holds at least one region");
-        Regions { capacity, sizes: Vec::new(), free: Vec::new(), mapped_bytes: 0, leak_on_remap }
+        let max_region_bytes = max_region_bytes.max(1).div_ceil(PAGE) * PAGE;
+        Regions { capacity, max_region_bytes, sizes: Vec::new(), free: Vec::new(), mapped_bytes: 0, leak_on_remap }
     }
 
     /// A region of at least `bytes`, or None while every region is in use.
     pub fn acquire(&mut self, bytes: u64) -> Option<usize> {
         let len = bytes.max(1).div_ceil(PAGE) * PAGE;
+        assert!(len <= self.max_region_bytes, "a transfer of {bytes} bytes is larger than a whole KV pool");
         if let Some(idx) = self.free.pop() {
             let old = self.sizes[idx];
             if old != len {
@@ -70,6 +83,11 @@ impl Regions {
         self.sizes.len() - self.free.len()
     }
 
+    /// The most the cache's regions can hold: every region at the largest transfer.
+    pub fn limit_bytes(&self) -> u64 {
+        self.capacity as u64 * self.max_region_bytes
+    }
+
     pub fn registered_bytes(&self) -> u64 {
         self.sizes.iter().sum()
     }
@@ -85,7 +103,7 @@ mod tests {
 
     #[test]
     fn the_cache_is_bounded_and_its_mappings_are_accounted() {
-        let mut r = Regions::new(2, false);
+        let mut r = Regions::new(2, 65_536, false);
         let a = r.acquire(10_000).unwrap();
         let b = r.acquire(5_000).unwrap();
         assert_eq!(r.acquire(1), None);
@@ -96,11 +114,12 @@ mod tests {
         r.release(c);
         assert_eq!(r.in_use(), 0);
         assert_eq!(r.mapped_bytes(), r.registered_bytes());
+        assert!(r.registered_bytes() <= r.limit_bytes());
     }
 
     #[test]
     fn the_hook_keeps_every_remapped_mapping() {
-        let mut r = Regions::new(1, true);
+        let mut r = Regions::new(1, 81_920, true);
         for bytes in [8_000, 80_000, 8_000, 80_000] {
             let i = r.acquire(bytes).unwrap();
             r.release(i);

@@ -45,6 +45,18 @@ pub struct RunReport {
     pub requests: OutcomeCounts,
     pub violations: Vec<Violation>,
     pub trace_lines: Vec<String>,
+    /// What the detector judged: every node's registries and gauges at the quiescent points, as a
+    /// samples v1 file holds them (`replay --samples` writes it for `plateau analyze`).
+    pub samples: Option<Samples>,
+}
+
+/// The router's counter of requests sent (the cluster's workload), in every sample.
+pub const REQUESTS_METRIC: &str = "router.requests";
+
+/// Quiescent iterations a gauge's trend skips: the soak's warm-up rule, for a run and for each
+/// restarted node's incarnation.
+pub fn gauge_warmup_iterations() -> u64 {
+    warmup_rule(None, None, None).expect("no explicit warm-up to check")
 }
 
 /// Quiescent samples: (iteration, seconds, metrics by node-prefixed name).
@@ -74,6 +86,7 @@ impl RunReport {
             requests,
             violations: Vec::new(),
             trace_lines: trace.take_lines(),
+            samples: None,
         }
     }
 
@@ -84,7 +97,9 @@ impl RunReport {
         for (_, _, values) in &samples {
             // Counters restart with a node's incarnation (a kill and restart is a new engine), so
             // their monotonicity is no invariant here; the exactly-once checks count requests.
-            for (name, m) in values.iter().filter(|(_, m)| m.kind != plateau_engine::MetricKind::Counter) {
+            for (name, m) in
+                values.iter().filter(|(n, m)| m.kind != plateau_engine::MetricKind::Counter || *n == REQUESTS_METRIC)
+            {
                 metrics.insert(name.clone(), spec_of(m));
             }
         }
@@ -98,7 +113,26 @@ impl RunReport {
         // Registries are judged from the first quiescent point; gauges (heap, mappings) after the
         // soak's warm-up, by the soak's one rule and configuration. A run shorter than the warm-up
         // leaves the gauges inconclusive, which is no violation: only failures are.
-        let warmup_iterations = warmup_rule(None, None, None).expect("no explicit warm-up to check");
+        let warmup_iterations = gauge_warmup_iterations();
+        // The router's count of requests sent: gauges are judged with the soak's default
+        // tolerance per request, as a soak of the same workload would be.
+        if let Some(m) = metrics.get_mut(REQUESTS_METRIC) {
+            m.role = Some(plateau_reports::ROLE_REQUESTS.into());
+        }
+        // The transport's byte gauges live under the registration cache's limit (regions.rs).
+        let names_now: Vec<String> = metrics.keys().cloned().collect();
+        for name in &names_now {
+            let Some(node) = [".engine.transport_region_bytes", ".proc.anon_transport_bytes"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+            else {
+                continue;
+            };
+            let limit = format!("{node}.{}", crate::regions::LIMIT_METRIC);
+            if metrics.contains_key(&limit) {
+                metrics.get_mut(name).expect("a name of the map").within = Some(limit);
+            }
+        }
         let header = Header {
             schema: SAMPLES_SCHEMA.into(),
             scenario: spec.scenario.name.clone(),
@@ -120,9 +154,11 @@ impl RunReport {
                     t_ms: self.sim_ms,
                     detail: format!("the samples could not be judged: {e}"),
                 });
+                self.samples = Some(s);
                 return;
             }
         };
+        self.samples = Some(s);
         for m in verdict.metrics.iter().filter(|m| m.status == plateau_reports::Status::Fail) {
             let (node, _) = m.name.split_once('.').unwrap_or(("?", ""));
             let at = samples.iter().find(|x| Some(x.0) == m.first_iter).map_or(self.sim_ms, |x| (x.1 * 1000.0) as u64);

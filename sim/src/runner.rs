@@ -83,5 +83,6 @@ fn failed(seed: u64, invariant: &'static str, node: String, t_ms: u64, detail: S
         requests: Default::default(),
         violations: vec![Violation { invariant, node, t_ms, detail }],
         trace_lines: Vec::new(),
+        samples: None,
     }
 }

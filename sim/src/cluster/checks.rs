@@ -26,8 +26,9 @@ pub(super) fn mapped_detail(mapped: u64, registered: u64) -> String {
     )
 }
 
-/// The transport's figures, in the soak's names.
-pub(super) fn transport_metrics(r: &Regions, pulls: usize) -> [Metric; 4] {
+/// The transport's figures, in the soak's names, and the limit of the cache's bytes (the bound the
+/// samples declare for the two byte gauges: see `regions.rs`).
+pub(super) fn transport_metrics(r: &Regions, pulls: usize) -> [Metric; 5] {
     let m = |name: &str, kind, unit, value: u64| Metric { name: name.into(), kind, unit, value };
     [
         m(
@@ -39,6 +40,7 @@ pub(super) fn transport_metrics(r: &Regions, pulls: usize) -> [Metric; 4] {
         m("registry.transport.in_flight", MetricKind::PerRequest, "count", pulls as u64),
         m("engine.transport_region_bytes", MetricKind::Gauge, "bytes", r.registered_bytes()),
         m("proc.anon_transport_bytes", MetricKind::Gauge, "bytes", r.mapped_bytes()),
+        m(crate::regions::LIMIT_METRIC, MetricKind::Gauge, "bytes", r.limit_bytes()),
     ]
 }
 
@@ -48,7 +50,7 @@ pub(super) fn transport_metrics(r: &Regions, pulls: usize) -> [Metric; 4] {
 pub(super) fn quiescent_point(world: &Shared, ns: &NodeSpec, iter: u64, sleeps: &[(u8, bool)], since: u64) {
     let mut w = lock(world);
     let t = w.now_ms() as f64 / 1000.0;
-    let settled_fully = w.now_ms() >= since + ns.kv_timeout_ms + 200;
+    let settled_fully = w.now_ms() >= since + node::settle_ms(ns.kv_timeout_ms);
     let overdue: Vec<(String, usize)> = w
         .nodes
         .iter()
@@ -60,7 +62,7 @@ pub(super) fn quiescent_point(world: &Shared, ns: &NodeSpec, iter: u64, sleeps: 
     for (name, held) in overdue {
         let detail = format!(
             "{held} transfers still hold KV after {} ms of settling (timeout {} ms)",
-            ns.kv_timeout_ms + 200,
+            node::settle_ms(ns.kv_timeout_ms),
             ns.kv_timeout_ms
         );
         w.violate("transfer-outlived-timeout", &name, detail);
@@ -73,6 +75,10 @@ pub(super) fn quiescent_point(world: &Shared, ns: &NodeSpec, iter: u64, sleeps: 
             continue;
         }
         let Some(e) = slot.engine.as_mut() else { continue };
+        // A restarted engine warms up again (its caches and tables fill anew): its gauges are
+        // left out until it has been sampled for as long as the run's own warm-up.
+        let since = *slot.sampled_since_iter.get_or_insert(iter);
+        let warming = slot.incarnation > 1 && iter < since + crate::report::gauge_warmup_iterations();
         let heap_bytes = Metric {
             name: "heap.allocated".into(),
             kind: MetricKind::Gauge,
@@ -80,6 +86,9 @@ pub(super) fn quiescent_point(world: &Shared, ns: &NodeSpec, iter: u64, sleeps: 
             value: heap::live_bytes(k),
         };
         for m in e.stats().into_iter().chain(transport_metrics(&slot.regions, slot.pulls.len())).chain([heap_bytes]) {
+            if warming && m.kind == MetricKind::Gauge {
+                continue;
+            }
             values.insert(format!("{}.{}", slot.name, m.name), m);
         }
         if slot.regions.mapped_bytes() != slot.regions.registered_bytes() {
@@ -96,6 +105,14 @@ pub(super) fn quiescent_point(world: &Shared, ns: &NodeSpec, iter: u64, sleeps: 
             log.push((slot.name.clone(), level, r.map_err(|e| e.to_string())));
         }
     }
+    // The requests the router was sent so far: the count the soak's tolerance is per request of.
+    let sent = Metric {
+        name: crate::report::REQUESTS_METRIC.into(),
+        kind: MetricKind::Counter,
+        unit: "count",
+        value: w.router.submitted.len() as u64,
+    };
+    values.insert(sent.name.clone(), sent);
     w.samples.push((iter, t, values));
     for (name, mapped, registered) in mismatched {
         w.violate("mapped-outside-registries", &name, mapped_detail(mapped, registered));
@@ -125,7 +142,7 @@ pub(super) fn final_checks(w: &mut World, ns: &NodeSpec) {
                 format!(
                     "{} transfers still hold KV {} ms after the last request ended (timeout {} ms)",
                     e.held_transfers(),
-                    ns.kv_timeout_ms + 200,
+                    node::settle_ms(ns.kv_timeout_ms),
                     ns.kv_timeout_ms
                 ),
             ));

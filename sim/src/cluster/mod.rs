@@ -128,6 +128,9 @@ struct NodeSlot {
     slowdown: u64,
     /// When the node last came up (started, restarted, resumed), in simulated ms.
     up_since_ms: u64,
+    /// The first quiescent iteration this incarnation was sampled at: its gauges are recorded
+    /// only after a warm-up of its own (a restarted engine fills its caches again).
+    sampled_since_iter: Option<u64>,
 }
 
 impl NodeSlot {
@@ -226,6 +229,8 @@ struct NodeSpec {
     kv_timeout_ms: u64,
     kv_bytes_per_token: u64,
     regions: usize,
+    /// The largest KV transfer: a whole pool (every block of one request).
+    max_transfer_bytes: u64,
 }
 
 /// Runs one seed to the end inside the current madsim runtime.
@@ -253,6 +258,10 @@ pub async fn run(
         kv_bytes_per_token: model.kv_bytes_per_token() as u64,
         kv_timeout_ms,
         regions: s.pd.as_ref().map_or(plateau_scenario::PdSection::default().regions, |p| p.regions),
+        max_transfer_bytes: {
+            let c = s.engine_config(spec.injections.clone(), seed);
+            (c.num_kv_blocks * c.block_size) as u64 * model.kv_bytes_per_token() as u64
+        },
         seed,
         spec: spec.clone(),
     });
@@ -322,8 +331,8 @@ pub async fn run(
             apply_fault(&mut w, f, &ids);
         }
     }
-    let _ = settle(&world, kv_timeout_ms + 200).await;
-    sleep(Duration::from_millis(kv_timeout_ms + 200)).await;
+    let _ = settle(&world, node::settle_ms(kv_timeout_ms)).await;
+    sleep(Duration::from_millis(node::settle_ms(kv_timeout_ms))).await;
     let mut guard = lock(&world);
     let w: &mut World = &mut guard;
     final_checks(w, &ns);
@@ -344,9 +353,10 @@ impl NodeSlot {
             down: Down::Up,
             open: BTreeSet::new(),
             pulls: BTreeMap::new(),
-            regions: Regions::new(1, false),
+            regions: Regions::new(1, 1, false),
             slowdown: 1,
             up_since_ms: 0,
+            sampled_since_iter: None,
         }
     }
 }

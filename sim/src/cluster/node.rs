@@ -22,6 +22,19 @@ pub(super) fn build_engine(ns: &NodeSpec, node: usize, role: Role) -> Result<Eng
     Ok(engine)
 }
 
+/// How often a node that holds transfers wakes with nothing to do: the engine owns no clock, so a
+/// held transfer past its timeout is freed at the first tick after its deadline, up to this late.
+pub(super) fn held_poll_ms(kv_timeout_ms: u64) -> u64 {
+    (kv_timeout_ms / 4).max(1)
+}
+
+/// The longest a held transfer may outlive its request: its timeout, the tick that frees it
+/// ([`held_poll_ms`]) and 200 ms of network slack for the release that would have come first.
+/// Settling waits this long, and a node up through it must hold nothing.
+pub(super) fn settle_ms(kv_timeout_ms: u64) -> u64 {
+    kv_timeout_ms + held_poll_ms(kv_timeout_ms) + 200
+}
+
 /// Sends every message; a send that fails (the network refused it) is lost, like a dropped packet.
 pub(super) async fn send_all(ep: &Endpoint, out: Vec<(usize, Msg)>) {
     for (dst, msg) in out {
@@ -50,7 +63,12 @@ pub(super) async fn engine_node(world: Shared, ns: Arc<NodeSpec>, idx: usize) {
                 slot.incarnation += 1;
                 slot.open.clear();
                 slot.pulls.clear();
-                slot.regions = Regions::new(ns.regions, ns.spec.injections.on(plateau_engine::Injection::PdMmapHook));
+                slot.regions = Regions::new(
+                    ns.regions,
+                    ns.max_transfer_bytes,
+                    ns.spec.injections.on(plateau_engine::Injection::PdMmapHook),
+                );
+                slot.sampled_since_iter = None;
                 slot.down = Down::Up;
                 slot.up_since_ms = now;
                 let inc = slot.incarnation;
@@ -239,7 +257,7 @@ pub(super) fn tick(w: &mut World, ns: &NodeSpec, idx: usize, out: &mut Vec<(usiz
     }
     let mut wait = if stepped { POLL_MS } else { 1_000 };
     if held {
-        wait = wait.min((ns.kv_timeout_ms / 4).max(1));
+        wait = wait.min(held_poll_ms(ns.kv_timeout_ms));
     }
     if let Some(deadline) = pulls {
         wait = wait.min(deadline.saturating_sub(now).max(1));

@@ -140,7 +140,7 @@ pub(super) async fn client(world: Shared, ns: Arc<NodeSpec>, plans: Vec<Iteratio
             let until_next = actions.get(next).map_or(POLL_MS, |a| a.0.saturating_sub(now).clamp(1, POLL_MS));
             sleep(Duration::from_millis(until_next)).await;
         }
-        let since = settle(&world, ns.kv_timeout_ms + 200).await;
+        let since = settle(&world, node::settle_ms(ns.kv_timeout_ms)).await;
         quiescent_point(&world, &ns, iter as u64 + 1, &plan.sleeps, since);
     }
 }
