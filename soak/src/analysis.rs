@@ -99,8 +99,17 @@ fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
         return;
     }
     if !g.reproduced {
+        // What grew once in the window is named as a candidate (a table that doubles steps at
+        // widening gaps, so a window sees one step of it), never blamed.
+        let once = g.grew_once.first().map_or_else(String::new, |s| {
+            format!(
+                "; it grew once in the window at {} ({} in all: a table that doubled, or a buffer made again)",
+                at(s),
+                fmt(s.bytes_per_iter.unwrap_or(0.0) * (g.end_iter.saturating_sub(g.start_iter)).max(1) as f64)
+            )
+        });
         v.attribution.push(format!(
-            "replay: the profiled replay's sites (iterations {}..{}) grew {}/iteration against the run's {}/iteration over the same iterations: not within a factor of 2, so no allocation site is blamed (growth.txt lists what the replay saw)",
+            "replay: the profiled replay's sites (iterations {}..{}) grew {}/iteration against the run's {}/iteration over the same iterations: not within a factor of 2, so no allocation site is blamed{once} (growth.txt lists what the replay saw)",
             g.start_iter,
             g.end_iter,
             fmt(g.replay_bytes_per_iter),

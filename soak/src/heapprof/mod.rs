@@ -67,6 +67,10 @@ pub struct Growth {
     pub stacks: Vec<StackGrowth>,
     /// Stacks whose live heap changed in one half only (not counted): how many, their net bytes.
     pub one_half_only: (usize, i64),
+    /// Of those, the ones that gained in one half and kept it, most bytes first: a table that
+    /// doubled once in the window (its next doubling comes after twice the gap) grows this way,
+    /// and so does a buffer made again. Listed as candidates, never blamed.
+    pub once: Vec<StackGrowth>,
 }
 
 /// Turns a return address into the frames at it, innermost first: plateau's own binary
@@ -99,6 +103,7 @@ pub fn growth_between(
     let (first, second) = (start.diff(mid), mid.diff(end));
     let mut stacks = Vec::new();
     let mut one_half_only = (0usize, 0i64);
+    let mut once = Vec::new();
     let keys: std::collections::BTreeSet<&Vec<u64>> = first.keys().chain(second.keys()).collect();
     for addrs in keys {
         let (o1, b1) = first.get(addrs).copied().unwrap_or_default();
@@ -109,10 +114,15 @@ pub fn growth_between(
         } else if b1 + b2 != 0 {
             one_half_only.0 += 1;
             one_half_only.1 += b1 + b2;
+            if b1 >= 0 && b2 >= 0 {
+                let frames = addrs.iter().map(|&x| sym.frames(x)).collect();
+                once.push(StackGrowth { addrs: addrs.clone(), frames, objects: o1 + o2, bytes: b1 + b2 });
+            }
         }
     }
     stacks.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
-    Growth { binary, start_iter, end_iter, stacks, one_half_only }
+    once.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
+    Growth { binary, start_iter, end_iter, stacks, one_half_only, once }
 }
 
 impl Growth {
@@ -132,18 +142,50 @@ impl Growth {
 
     /// Growth by allocation site, most bytes first: (site, objects, bytes).
     pub fn sites(&self) -> Vec<(Frame, i64, i64)> {
-        let mut by: Vec<(Frame, i64, i64)> = Vec::new();
-        for s in &self.stacks {
-            let Some(site) = s.site() else { continue };
-            match by.iter_mut().find(|x| x.0 == *site) {
-                Some(x) => (x.1, x.2) = (x.1 + s.objects, x.2 + s.bytes),
-                None => by.push((site.clone(), s.objects, s.bytes)),
-            }
-        }
-        by.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.file.cmp(&b.0.file)).then(a.0.line.cmp(&b.0.line)));
-        by
+        sites_of(&self.stacks)
     }
 
+    /// The sites of the stacks that grew once in the window ([`Growth::once`]), as a verdict
+    /// carries sites: candidates a person reads, never blamed.
+    pub fn once_sites(&self, requests_per_iter: Option<f64>, top: usize) -> Vec<Site> {
+        let n = self.iterations();
+        sites_of(&self.once)
+            .into_iter()
+            .filter(|s| s.2 > 0)
+            .take(top)
+            .map(|(f, objects, bytes)| as_site(&f, objects, bytes, n, requests_per_iter))
+            .collect()
+    }
+}
+
+/// A site's growth as a verdict carries it, per iteration (and per request) of `n`.
+fn as_site(f: &Frame, objects: i64, bytes: i64, n: f64, requests_per_iter: Option<f64>) -> Site {
+    Site {
+        function: Some(short_name(&f.function)),
+        file: f.file.clone().unwrap_or_default(),
+        line: f.line.unwrap_or(0),
+        bytes_per_iter: Some(bytes as f64 / n),
+        bytes_per_request: requests_per_iter.map(|r| bytes as f64 / n / r),
+        objects_per_iter: Some(objects as f64 / n),
+        ..Site::default()
+    }
+}
+
+/// Stacks merged by allocation site, most bytes first: (site, objects, bytes).
+fn sites_of(stacks: &[StackGrowth]) -> Vec<(Frame, i64, i64)> {
+    let mut by: Vec<(Frame, i64, i64)> = Vec::new();
+    for s in stacks {
+        let Some(site) = s.site() else { continue };
+        match by.iter_mut().find(|x| x.0 == *site) {
+            Some(x) => (x.1, x.2) = (x.1 + s.objects, x.2 + s.bytes),
+            None => by.push((site.clone(), s.objects, s.bytes)),
+        }
+    }
+    by.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.file.cmp(&b.0.file)).then(a.0.line.cmp(&b.0.line)));
+    by
+}
+
+impl Growth {
     /// The top sites as a verdict carries them: those with at least [`MIN_SITE_SHARE`] of the
     /// growth (growth.txt lists every one).
     pub fn verdict_sites(&self, requests_per_iter: Option<f64>, top: usize) -> Vec<Site> {
@@ -153,15 +195,7 @@ impl Growth {
             .into_iter()
             .filter(|s| s.2 > 0 && s.2 as f64 >= MIN_SITE_SHARE * total as f64)
             .take(top)
-            .map(|(f, objects, bytes)| Site {
-                function: Some(short_name(&f.function)),
-                file: f.file.clone().unwrap_or_default(),
-                line: f.line.unwrap_or(0),
-                bytes_per_iter: Some(bytes as f64 / n),
-                bytes_per_request: requests_per_iter.map(|r| bytes as f64 / n / r),
-                objects_per_iter: Some(objects as f64 / n),
-                ..Site::default()
-            })
+            .map(|(f, objects, bytes)| as_site(&f, objects, bytes, n, requests_per_iter))
             .collect()
     }
 }
@@ -190,6 +224,10 @@ pub struct GrowthRecord {
     /// The replay's command line, for a person to run again.
     pub command: String,
     pub sites: Vec<Site>,
+    /// Sites that grew once in the window and kept it (a table that doubled once), most bytes
+    /// first: named as candidates when the sites above do not explain the run, never blamed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub grew_once: Vec<Site>,
     /// Why no replay named a site (a server plateau did not start, one with its own allocator,
     /// no profiler installed), in place of the figures above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -269,6 +307,15 @@ pub fn growth_text(g: &Growth, requests_per_iter: Option<f64>, command: &str) ->
             g.one_half_only.0,
             fmt_bytes(g.one_half_only.1 as f64)
         ));
+        for (f, _, bytes) in sites_of(&g.once).into_iter().filter(|s| s.2 > 0).take(3) {
+            out.push_str(&format!(
+                "  grew once in the window (a table that doubled, a buffer made again): {} at {} ({}:{})\n",
+                fmt_bytes(bytes as f64),
+                short_name(&f.function),
+                f.file.as_deref().unwrap_or("?"),
+                f.line.unwrap_or(0)
+            ));
+        }
     }
     for s in g.stacks.iter().take(10) {
         let b = s.bytes as f64 / n;
@@ -371,6 +418,7 @@ mod tests {
         assert_eq!(g.stacks.len(), 1);
         assert_eq!((g.stacks[0].addrs.clone(), g.stacks[0].bytes), (vec![1], 2_100));
         assert_eq!(g.one_half_only, (1, 400), "the buffer came and went (net 0); the pool grew once");
+        assert_eq!(g.once.iter().map(|s| (s.addrs.clone(), s.bytes)).collect::<Vec<_>>(), vec![(vec![3], 400)]);
         assert_eq!(g.bytes_per_iter(), 2_100.0 / 40.0);
     }
 
@@ -387,6 +435,7 @@ mod tests {
                 stack("soak/src/driver/run_loop.rs", 173, 1, 32),
             ],
             one_half_only: (0, 0),
+            once: Vec::new(),
         };
         let s = g.verdict_sites(Some(20.0), 5);
         assert_eq!(s.len(), 2, "{s:?}");

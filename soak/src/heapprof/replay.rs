@@ -110,6 +110,7 @@ impl ReplaySpec<'_> {
             command,
             // Listed either way; the verdict blames them only if the replay reproduced a failure.
             sites: g.verdict_sites(self.requests_per_iter, 5),
+            grew_once: g.once_sites(self.requests_per_iter, 3),
             note: None,
             // In-process the gauge is the live heap itself: there is nothing to weigh it against.
             live_heap_bytes_per_iter: None,

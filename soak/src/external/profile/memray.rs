@@ -81,6 +81,7 @@ fn from_reader(v: &serde_json::Value, exe: &Path, window: &Window) -> Result<Gro
         end_iter: window.iters[2],
         stacks: Vec::new(),
         one_half_only: (0, 0),
+        once: Vec::new(),
     };
     for s in stacks {
         let n = |k: &str| s[k].as_i64().unwrap_or(0);

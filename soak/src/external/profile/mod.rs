@@ -144,6 +144,7 @@ impl ExternalReplay<'_> {
             reproduced,
             command,
             sites: growth.verdict_sites(self.requests_per_iter, 5),
+            grew_once: growth.once_sites(self.requests_per_iter, 3),
             note: None,
             live_heap_bytes_per_iter: Some(growth.net_bytes_per_iter()),
             live_heap_source: Some(match self.kind {
