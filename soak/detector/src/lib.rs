@@ -41,7 +41,7 @@ use plateau_reports::{
 
 use gauge::{fmt_value, Series};
 pub use judge::{judge, judge_with, judge_with_evidence, unfinished, Overrides, STOPPED_ON_EXACT_FAILURE};
-pub use live_heap::LiveHeap;
+pub use live_heap::{window_rate, LiveHeap};
 pub use tolerance::{Per, Tolerance};
 
 /// Warm-up when neither the user nor the scenario or samples header says: the engine's caches

@@ -15,7 +15,7 @@
 
 use plateau_reports::{MetricVerdict, Samples, Status};
 
-use super::gauge::fmt_value;
+use super::gauge::{fmt_value, longer};
 use super::stats::{median, theil_sen};
 use super::DetectorConfig;
 
@@ -38,8 +38,9 @@ pub struct LiveHeap {
     pub source: String,
 }
 
-/// The gauge's rate over [start, end] of its quiescent points (Theil–Sen), if two points are there.
-fn window_rate(s: &Samples, name: &str, start: u64, end: u64) -> Option<f64> {
+/// A gauge's rate over the quiescent points of [start, end] (Theil–Sen), if two points are there:
+/// what a profiled replay's window is compared with.
+pub fn window_rate(s: &Samples, name: &str, start: u64, end: u64) -> Option<f64> {
     let i = s.index(name)?;
     let pts: Vec<(u64, f64)> = s.quiescent_series(i).into_iter().filter(|(it, _)| (start..=end).contains(it)).collect();
     (pts.len() >= 2).then(|| {
@@ -99,7 +100,7 @@ pub fn apply(s: &Samples, metrics: &mut [MetricVerdict], evidence: &[LiveHeap], 
         } else {
             m.status = Status::Inconclusive;
             let last = s.last_iter() as f64;
-            m.needs_iterations = Some(((last * 1.5 / 50.0).ceil() * 50.0) as u64);
+            m.needs_iterations = Some(longer(last));
             m.reason = format!(
                 "{seen}; it has not yet slowed ({by_thirds}): whether it levels off is undecided; a longer run would tell"
             );

@@ -16,7 +16,7 @@
 
 use plateau_reports::Status;
 
-use super::gauge::{fmt_value, Judgement, Series, MIN_QUANTA, NOISE_SCALES};
+use super::gauge::{fmt_value, round_up_50, Judgement, Series, MIN_QUANTA, NOISE_SCALES};
 use super::stats::{mad_scale, mann_kendall, median, theil_sen};
 use super::steps::{step_noise, STEP_NOISE_SCALES};
 use super::DetectorConfig;
@@ -131,12 +131,7 @@ pub fn judge_floors(
         FloorVerdict::Rising { slope, rise, p: mk.p_increase }
     } else if past_noise {
         let next = x[x.len() - 1] + 2.0 * r.spacing();
-        FloorVerdict::Undecided {
-            slope,
-            rise,
-            p: mk.p_increase,
-            needs_iterations: ((next / 50.0).ceil() * 50.0) as u64,
-        }
+        FloorVerdict::Undecided { slope, rise, p: mk.p_increase, needs_iterations: round_up_50(next) }
     } else {
         FloorVerdict::Level { slope, rise }
     }

@@ -106,7 +106,7 @@ impl Staircase {
     pub fn length_needed(&self) -> u64 {
         let last = self.ups[self.ups.len() - 1].0;
         let want = last + OVERDUE * self.next_gap();
-        ((want / 50.0).ceil() * 50.0) as u64
+        super::gauge::round_up_50(want)
     }
 
     /// "3 steps at 45, 90, 180 (widening spacing)".

@@ -75,17 +75,10 @@ pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -
     rejudge(r)
 }
 
-/// A gauge's Theil–Sen rate over the quiescent points of [start, end] in the run's samples.
+/// A gauge's rate over the quiescent points of [start, end] in the run's samples.
 fn window_rate(dir: &std::path::Path, metric: &str, start: u64, end: u64) -> Option<f64> {
     let s = plateau_reports::Samples::read(&dir.join("samples.jsonl")).ok()?;
-    let i = s.index(metric)?;
-    let pts: Vec<(u64, f64)> = s.quiescent_series(i).into_iter().filter(|(it, _)| (start..=end).contains(it)).collect();
-    if pts.len() < 2 {
-        return None;
-    }
-    let x: Vec<f64> = pts.iter().map(|p| p.0 as f64).collect();
-    let y: Vec<f64> = pts.iter().map(|p| p.1).collect();
-    Some(plateau_soak::detector::stats::theil_sen(&x, &y))
+    plateau_soak::detector::window_rate(&s, metric, start, end)
 }
 
 /// The external target of a run, as a profiled replay needs it.

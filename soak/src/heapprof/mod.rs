@@ -156,6 +156,19 @@ impl Growth {
             .map(|(f, objects, bytes)| as_site(&f, objects, bytes, n, requests_per_iter))
             .collect()
     }
+
+    /// The top sites as a verdict carries them: those with at least [`MIN_SITE_SHARE`] of the
+    /// growth (growth.txt lists every one).
+    pub fn verdict_sites(&self, requests_per_iter: Option<f64>, top: usize) -> Vec<Site> {
+        let n = self.iterations();
+        let total: i64 = self.stacks.iter().map(|s| s.bytes).sum();
+        self.sites()
+            .into_iter()
+            .filter(|s| s.2 > 0 && s.2 as f64 >= MIN_SITE_SHARE * total as f64)
+            .take(top)
+            .map(|(f, objects, bytes)| as_site(&f, objects, bytes, n, requests_per_iter))
+            .collect()
+    }
 }
 
 /// A site's growth as a verdict carries it, per iteration (and per request) of `n`.
@@ -183,21 +196,6 @@ fn sites_of(stacks: &[StackGrowth]) -> Vec<(Frame, i64, i64)> {
     }
     by.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.file.cmp(&b.0.file)).then(a.0.line.cmp(&b.0.line)));
     by
-}
-
-impl Growth {
-    /// The top sites as a verdict carries them: those with at least [`MIN_SITE_SHARE`] of the
-    /// growth (growth.txt lists every one).
-    pub fn verdict_sites(&self, requests_per_iter: Option<f64>, top: usize) -> Vec<Site> {
-        let n = self.iterations();
-        let total: i64 = self.stacks.iter().map(|s| s.bytes).sum();
-        self.sites()
-            .into_iter()
-            .filter(|s| s.2 > 0 && s.2 as f64 >= MIN_SITE_SHARE * total as f64)
-            .take(top)
-            .map(|(f, objects, bytes)| as_site(&f, objects, bytes, n, requests_per_iter))
-            .collect()
-    }
 }
 
 /// Reads the three dumps a replay of this binary left in `dir` (`heap-start.prof`,
