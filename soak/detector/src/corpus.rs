@@ -12,13 +12,13 @@
 //!   heap; shared memory; file mappings; descriptors; threads; iterations of 10 seconds (a
 //!   verdict must not depend on the machine's speed); and fixed sizes that owe nothing to the
 //!   detector's resolution: 64 B and 256 B an iteration, 1 MiB kept at every quarter of the run,
-//!   a set of ids never drained (steps at doubling intervals), a rise that slows to a persistent
+//!   a set of ids never drained (steps at doubling intervals), two such sets in one process, a rise that slows to a persistent
 //!   200 B an iteration;
 //! - clean shapes (must pass): settled flat with blips, a warm-up ramp, a cache that fills by 30%
 //!   and by 60% of the run, a one-off step, a late step at 80%, periodic bursts, a sawtooth, a
 //!   wandering mean-reverting level, GPU memory through sleep and wake cycles, code pages
 //!   faulted in within file mappings that never change, a scratch buffer grown twice to the peak
-//!   batch, a full cache that churns at its bound, and the allocator's bookkeeping over such a
+//!   batch (in one engine, and in two), a full cache that churns at its bound, and the allocator's bookkeeping over such a
 //!   cache converging as the churn goes on (bookkeeping that grows by a steady 256 B an iteration
 //!   instead must fail).
 //!
@@ -322,6 +322,9 @@ fn shapes() -> Vec<Shape> {
         s("fixed-256B", Leak, "jemalloc.allocated", |i, _, _| 256.0 * i),
         s("chunks", Leak, "jemalloc.allocated", |i, n, _| MIB * (i / (n / 4.0)).floor()),
         s("id-set", Leak, "jemalloc.allocated", |i, _, _| id_table_bytes(20.0 * i)),
+        // Two such sets in one process (a prefill and a decode engine, the second told of a few
+        // fewer requests): their doublings come a few iterations apart, widening with the table.
+        s("two-id-sets", Leak, "jemalloc.allocated", |i, _, _| id_table_bytes(20.0 * i) + id_table_bytes(19.0 * i)),
         s("slowing", Leak, "jemalloc.allocated", |i, n, _| {
             4.0 * KIB * i.min(0.55 * n) + 200.0 * (i - 0.55 * n).max(0.0)
         }),
@@ -350,6 +353,13 @@ fn shapes() -> Vec<Shape> {
         s("peak-buffer", Clean, "jemalloc.allocated", |i, n, _| {
             let w = 20.0f64.min((n / 5.0).floor());
             256.0 * KIB * (f64::from(u8::from(i >= w + 3.0)) + f64::from(u8::from(i >= w + 11.0)))
+        }),
+        // The same buffer in two engines of one process, each grown twice a few iterations
+        // apart from the other's.
+        s("two-peak-buffers", Clean, "jemalloc.allocated", |i, n, _| {
+            let w = 20.0f64.min((n / 5.0).floor());
+            let grown = |at: f64| 256.0 * KIB * f64::from(u8::from(i >= at));
+            grown(w + 3.0) + grown(w + 5.0) + grown(w + 11.0) + grown(w + 13.0)
         }),
         // A 64 MiB cache full by 30% of the run that then replaces entries of other sizes: the
         // live heap moves by up to 48 KiB from one iteration to the next around its bound.

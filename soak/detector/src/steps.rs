@@ -14,7 +14,10 @@
 //! 2. [`Staircase::levelled_off`] predicts the next step from the spacing of the last ones
 //!    (equal spacing repeats, widening spacing widens by the same ratio, two steps alone are
 //!    given a doubling's ratio) and calls the series
-//!    levelled only when the level ground after the last step is [`OVERDUE`] times that spacing;
+//!    levelled only when the level ground after the last step is [`OVERDUE`] times that spacing.
+//!    Steps that come close together are one event ([`CLUSTER_FRACTION`]): several staircases
+//!    summed (a table in each of two engines, doubling at nearly the same count of requests) are
+//!    spaced as one staircase, not by the few iterations between their near-simultaneous steps;
 //! 3. the gauge judge (`gauge.rs`) fails a staircase whose rate is significant and that has not
 //!    levelled off, and calls one that is not yet significant inconclusive, with the run length
 //!    that would show the next step ([`Staircase::length_needed`]).
@@ -60,6 +63,17 @@ pub const TWO_STEP_RATIO: f64 = 2.0;
 /// slowing faster than any doubling container, and a wider guess would ask for endless runs.
 const MAX_RATIO: f64 = 4.0;
 
+/// A step that comes within this fraction of the gap before it (from the event before to the one
+/// it follows) joins that event. One container's spacing holds or widens (a table doubles, an
+/// arena takes a chunk every so many requests), so a step a third of a gap later cannot be its
+/// next one: it is a second staircase stepping with the first. Two engines' tables of ended
+/// request ids in one process (prefill and decode) double a few iterations apart, 1 to 6 after
+/// gaps of 27 to 55, and spaced as steps of their own they predicted the next step within a few
+/// iterations and passed the doubling as "levelled off" (pd-transfer, a table planted in a scratch
+/// copy of the engine). Two staircases out of phase (steps at 30, 45, 60, 90, ...) keep gaps
+/// alike and are never joined.
+pub const CLUSTER_FRACTION: f64 = 1.0 / 3.0;
+
 /// The level segments of a series: the rises and releases between them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Staircase {
@@ -81,7 +95,7 @@ impl Staircase {
     /// spacing widens by its last ratio (clamped to `1..=MAX_RATIO`). Two steps show one gap and
     /// no ratio: the next is expected as late as a doubling container's ([`TWO_STEP_RATIO`]).
     fn next_gap(&self) -> f64 {
-        let at: Vec<f64> = self.ups.iter().map(|u| u.0).collect();
+        let at = self.events();
         let k = at.len();
         assert!(k >= 2, "a gap needs two steps");
         let last = at[k - 1] - at[k - 2];
@@ -90,22 +104,42 @@ impl Staircase {
         last * ratio
     }
 
+    /// The iterations at which step events began: the steps, with each step that came within
+    /// [`CLUSTER_FRACTION`] of the gap before it joined to the event it follows. The first gap
+    /// has none before it, so two steps are always two events.
+    fn events(&self) -> Vec<f64> {
+        let mut at: Vec<f64> = Vec::with_capacity(self.ups.len());
+        let mut last_step = f64::NEG_INFINITY;
+        for &(i, _) in &self.ups {
+            let k = at.len();
+            let joins = k >= 2 && i - last_step < CLUSTER_FRACTION * (at[k - 1] - at[k - 2]);
+            if !joins {
+                at.push(i);
+            }
+            last_step = i;
+        }
+        at
+    }
+
+    /// The first iteration of the last step event.
+    fn last_event(&self) -> f64 {
+        *self.events().last().expect("a staircase has a step")
+    }
+
     /// True when the run went on past the next step's due point by [`OVERDUE`] times its gap.
     pub fn levelled_off(&self) -> bool {
-        let last = self.ups[self.ups.len() - 1].0;
-        self.end - last >= OVERDUE * self.next_gap()
+        self.end - self.last_event() >= OVERDUE * self.next_gap()
     }
 
-    /// The iteration by which the next step is expected (the last step plus one gap).
+    /// The iteration by which the next step is expected (the last event plus one gap).
     pub fn due_at(&self) -> u64 {
-        (self.ups[self.ups.len() - 1].0 + self.next_gap()).ceil() as u64
+        (self.last_event() + self.next_gap()).ceil() as u64
     }
 
-    /// Iterations a run needs to see whether the next step comes: the last step plus
+    /// Iterations a run needs to see whether the next step comes: the last event plus
     /// [`OVERDUE`] gaps, rounded up to a multiple of 50.
     pub fn length_needed(&self) -> u64 {
-        let last = self.ups[self.ups.len() - 1].0;
-        let want = last + OVERDUE * self.next_gap();
+        let want = self.last_event() + OVERDUE * self.next_gap();
         super::gauge::round_up_50(want)
     }
 
@@ -187,6 +221,39 @@ fn largest_rise_within(x: &[f64], y: &[f64], bounds: &[usize]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// Splits each inner segment too short for a cut inside it (under two sides of [`MIN_SIDE`]) where
+/// it holds two level parts: two steps closer than a side's length (two engines' tables doubling
+/// three iterations apart) leave such a segment between their cuts, and without the split it
+/// rises within itself and the whole series reads as a ramp. A split needs a jump that clears the
+/// step threshold with each part level to within [`LEVEL_FRACTION`] of that jump; a short piece of
+/// a ramp rises within both its parts about as much as between them and stays whole.
+fn split_close_steps(y: &[f64], threshold: f64, bounds: &mut Vec<usize>) {
+    let last = bounds.len() - 2;
+    let mut splits = Vec::new();
+    for (k, w) in bounds.windows(2).enumerate() {
+        let (a, b) = (w[0], w[1]);
+        if k == 0 || k == last || b - a >= 2 * MIN_SIDE {
+            continue;
+        }
+        let range = |v: &[f64]| {
+            v.iter().fold(f64::NEG_INFINITY, |m, x| m.max(*x)) - v.iter().fold(f64::INFINITY, |m, x| m.min(*x))
+        };
+        let best = (a + 1..b)
+            .map(|j| (j, median(&mut y[j..b].to_vec()) - median(&mut y[a..j].to_vec())))
+            .filter(|(j, jump)| {
+                jump.abs() >= threshold
+                    && range(&y[a..*j]) < LEVEL_FRACTION * jump.abs()
+                    && range(&y[*j..b]) < LEVEL_FRACTION * jump.abs()
+            })
+            .max_by(|p, q| p.1.abs().total_cmp(&q.1.abs()));
+        if let Some((j, _)) = best {
+            splits.push(j);
+        }
+    }
+    bounds.extend(splits);
+    bounds.sort_unstable();
+}
+
 /// The staircase of a series, or None when it is not one: no step up, or levels that rise within
 /// themselves (a ramp, a fill), which the trend test judges instead.
 pub fn staircase(x: &[f64], y: &[f64], quantum: f64) -> Option<Staircase> {
@@ -205,7 +272,9 @@ pub fn staircase(x: &[f64], y: &[f64], quantum: f64) -> Option<Staircase> {
     if cuts.is_empty() {
         return None;
     }
-    let bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain(std::iter::once(n)).collect();
+    let mut bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain(std::iter::once(n)).collect();
+    split_close_steps(y, threshold, &mut bounds);
+    let cuts: Vec<usize> = bounds[1..bounds.len() - 1].to_vec();
     let levels: Vec<f64> = bounds.windows(2).map(|w| median(&mut y[w[0]..w[1]].to_vec())).collect();
     let mut ups = Vec::new();
     let mut downs = 0;
@@ -312,6 +381,29 @@ mod tests {
         let y: Vec<f64> = x.iter().map(|i| 4.0 + (i / 20.0).floor()).collect();
         let s = staircase(&x, &y, 1.0).expect("stairs");
         assert!(s.climbs() && !s.levelled_off() && s.ups.len() >= 8, "{s:?}");
+    }
+
+    #[test]
+    fn two_tables_doubling_together_are_spaced_as_one_staircase() {
+        // Prefill's and decode's tables in one process: steps at 28 and 29, 54 and 57, 110 and
+        // 116 (the second engine a few iterations behind), flat to 200. Spaced as steps of their
+        // own, the next was due 6 iterations after 116 and the series levelled at 125.
+        let x = xs(180);
+        let at = [28.0, 29.0, 54.0, 57.0, 110.0, 116.0];
+        let y: Vec<f64> = x
+            .iter()
+            .map(|&i| {
+                at.iter().enumerate().filter(|(_, s)| i >= **s).map(|(k, _)| 11264.0 * 2f64.powi(k as i32 / 2)).sum()
+            })
+            .collect();
+        let s = staircase(&x, &y, 1.0).unwrap();
+        assert!(s.ups.len() >= 4, "{s:?}");
+        assert!(s.climbs() && !s.levelled_off(), "{s:?}");
+        assert!(s.due_at() >= 200, "{s:?}");
+        // Out of phase, two tables keep their own gaps: nothing is joined.
+        let apart =
+            Staircase { ups: [30.0, 45.0, 60.0, 90.0].iter().map(|&i| (i, 1.0)).collect(), downs: 0, end: 100.0 };
+        assert_eq!(apart.events().len(), 4);
     }
 
     #[test]
