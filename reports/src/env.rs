@@ -29,6 +29,10 @@ pub struct Environment {
     /// `--target` URL for an external server; absent for plateau's own engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// An external target's dialect and what showed it (`vllm: GET /is_sleeping answered`),
+    /// written once the server answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dialect: Option<String>,
     pub host: String,
     pub kernel: String,
     pub cpu_model: String,

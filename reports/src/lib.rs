@@ -18,7 +18,7 @@ pub mod verdict;
 
 pub use env::{replay_command, shell_word, Environment, ENVIRONMENT_SCHEMA};
 pub use samples::{
-    EndState, Header, Kind, MetricSpec, Row, RunEnd, SampleLine, Samples, SamplesError, ROLE_REQUESTS, SAMPLES_SCHEMA,
-    UNITS,
+    CallTimes, ControlRecord, EndState, Header, Kind, MetricSpec, Row, RunEnd, SampleLine, Samples, SamplesError,
+    ROLE_REQUESTS, SAMPLES_SCHEMA, UNITS,
 };
 pub use verdict::{MetricVerdict, Projection, Site, Status, Trend, Verdict, VERDICT_SCHEMA};

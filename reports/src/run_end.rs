@@ -28,6 +28,50 @@ pub struct RunEnd {
     /// Quiescent points sampled with requests still in flight at an external target.
     #[serde(default)]
     pub settle_timeouts: u64,
+    /// An external target's control calls (the RL loop's sleep, weight update and wake over
+    /// HTTP): its dialect, what each call took, and what the dialect lacks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<ControlRecord>,
+}
+
+/// How a run drove an external server's control endpoints. Lifecycle: the dialect is found (or
+/// named by `--dialect`) once before the run; every sleep phase then calls what the dialect has
+/// (each call's time from the request to the state the server reports after it), and counts
+/// what it lacks; the record is written with the run's end and names both in the verdict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ControlRecord {
+    /// `vllm`, `sglang`, `llamacpp` or `openai`.
+    pub dialect: String,
+    /// What showed the dialect (`GET /is_sleeping answered`, `owned_by vllm`, `--dialect`).
+    pub found: String,
+    /// Each kind of control call made (`sleep`, `wake weights`, ...): how many, and their times.
+    #[serde(default)]
+    pub calls: std::collections::BTreeMap<String, CallTimes>,
+    /// What sleep phases asked that the dialect cannot do over HTTP, each with how often.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lacking: Vec<String>,
+}
+
+/// The count and wall-clock times of one kind of control call, in milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallTimes {
+    pub count: u64,
+    pub median_ms: f64,
+    pub max_ms: f64,
+}
+
+impl CallTimes {
+    /// The count, median and max of `ms` (empty: zeros).
+    pub fn of(ms: &[f64]) -> CallTimes {
+        let mut v = ms.to_vec();
+        v.sort_by(f64::total_cmp);
+        let median = match v.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        };
+        CallTimes { count: v.len() as u64, median_ms: median, max_ms: v.last().copied().unwrap_or(0.0) }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +98,7 @@ impl RunEnd {
             error: None,
             target_exit: None,
             settle_timeouts: 0,
+            control: None,
         }
     }
 

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::lines::BoundedLines;
 pub use crate::lines::MAX_LINE_BYTES;
-pub use crate::run_end::{EndState, RunEnd};
+pub use crate::run_end::{CallTimes, ControlRecord, EndState, RunEnd};
 
 pub const SAMPLES_SCHEMA: &str = "plateau.samples.v1";
 

@@ -188,6 +188,10 @@ pub struct Verdict {
     /// in-flight gauges did not read zero within the settle timeout).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub settle_timeouts: u64,
+    /// An external target's dialect and control calls (sleep, weight update, wake over HTTP),
+    /// as the run recorded them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control: Option<crate::ControlRecord>,
     pub metrics: Vec<MetricVerdict>,
 }
 

@@ -114,6 +114,7 @@ pub fn collect(s: &Scenario, id: &RunIdentity) -> Environment {
         backend: id.backend.into(),
         model: if id.target.is_some() { "the target's (see /v1/models)".into() } else { s.engine.preset.clone() },
         target: id.target.map(String::from),
+        dialect: None,
         host: read_trimmed("/proc/sys/kernel/hostname"),
         kernel: read_trimmed("/proc/sys/kernel/osrelease"),
         cpu_model: cpu_model(),

@@ -63,6 +63,8 @@ pub trait System {
     fn residues(&self) -> Vec<Residue>;
     fn sleep(&mut self, level: u8) -> Result<(), EngineError>;
     fn wake(&mut self) -> Result<(), EngineError>;
+    /// Drops every cached prefix block (a trainer's reset after new weights).
+    fn reset_prefix_cache(&mut self) -> Result<(), EngineError>;
     fn update_weights(&mut self, source: WeightSource) -> Result<(), EngineError>;
     fn model_config(&self) -> &ModelConfig;
     fn config(&self) -> &EngineConfig;
@@ -122,6 +124,9 @@ impl System for Engine {
     }
     fn wake(&mut self) -> Result<(), EngineError> {
         Engine::wake(self)
+    }
+    fn reset_prefix_cache(&mut self) -> Result<(), EngineError> {
+        Engine::reset_prefix_cache(self)
     }
     fn update_weights(&mut self, source: WeightSource) -> Result<(), EngineError> {
         Engine::update_weights(self, source)

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 mod common;
-use common::plateau;
+use common::{failing, plateau};
 
 fn tmp(name: &str) -> PathBuf {
     common::tmp("cli", name)
@@ -163,13 +163,7 @@ fn pd_across_processes_passes_clean_and_catches_the_mmap_hook_in_the_decode_proc
     ]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let v = verdict(&d);
-    let failing: Vec<&str> = v["metrics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["status"] == "fail")
-        .map(|m| m["name"].as_str().unwrap())
-        .collect();
+    let failing = failing(&v);
     assert!(failing.contains(&"decode.proc.anon_outside_heap"), "{failing:?}");
     assert!(v["attribution"].as_array().unwrap().iter().any(|a| a.as_str().unwrap().starts_with("outside the heap")
         && a.as_str().unwrap().contains("decode.jemalloc.allocated")));

@@ -96,6 +96,16 @@ impl Engine {
         Ok(())
     }
 
+    /// Drops every cached prefix block (what a trainer asks after new weights: cached KV came
+    /// from the old ones). Only with nothing in flight; asleep, the pool holds none to drop.
+    pub fn reset_prefix_cache(&mut self) -> Result<()> {
+        self.refuse_if_busy()?;
+        if self.asleep.is_none() {
+            self.kv.reset_prefix_cache();
+        }
+        Ok(())
+    }
+
     /// Requests in flight or KV held for a transfer make sleep and weight updates wait.
     fn refuse_if_busy(&self) -> Result<()> {
         match self.num_in_flight() + self.conn.held_len() {

@@ -106,10 +106,15 @@ pub fn unfinished(s: &Samples) -> Option<String> {
 }
 
 /// What the end record adds to a verdict: an external target that ended first, points sampled
-/// unsettled, how far `--until-decided` went, where `--stop-on-exact-failure` stopped.
+/// unsettled, its dialect and control calls (what it lacks as warnings), how far `--until-decided` went, where `--stop-on-exact-failure` stopped.
 fn note_end(v: &mut Verdict, e: &RunEnd, planned: Option<u64>) {
     v.target_exit = e.target_exit.clone();
     v.settle_timeouts = e.settle_timeouts;
+    if let Some(c) = &e.control {
+        // What the dialect lacks is said once, never skipped in silence.
+        v.warnings.extend(c.lacking.iter().cloned());
+        v.control = Some(c.clone());
+    }
     if let Some(how) = &e.target_exit {
         let when = if v.failed() {
             "after the growth was already conclusive: the leak is the finding"

@@ -397,6 +397,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, unfinished: Option<&str>) -> V
         warnings,
         target_exit: None,
         settle_timeouts: 0,
+        control: None,
         metrics,
     }
 }

@@ -140,10 +140,13 @@ pub struct Sleep {
     pub level: u8,
     /// Replace the weights while asleep (new seed each iteration), as an RL trainer does.
     pub update_weights: bool,
+    /// Reset the prefix cache once awake, as trainers do after a weight update (vLLM's
+    /// `/reset_prefix_cache`, SGLang's `/flush_cache` over HTTP).
+    pub reset_prefix_cache: bool,
 }
 
 impl Default for Sleep {
     fn default() -> Self {
-        Sleep { level: 1, update_weights: false }
+        Sleep { level: 1, update_weights: false, reset_prefix_cache: false }
     }
 }

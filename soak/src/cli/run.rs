@@ -51,6 +51,12 @@ pub struct ExternalArgs {
     /// preloads into it, or your own settings.
     #[arg(long, value_name = "KEY=VALUE", requires = "spawn", value_parser = parse_env, help_heading = "External target")]
     spawn_env: Vec<(String, String)>,
+    /// The server's dialect for sleep phases: vllm, sglang, llamacpp or openai. Default: found
+    /// from what it answers (GET /is_sleeping: vLLM in dev mode; GET /get_server_info: SGLang;
+    /// GET /props: llama.cpp; else /v1/models' owned_by). A sleep phase then calls the dialect's
+    /// sleep, weight update and wake endpoints; what it lacks is said in the verdict.
+    #[arg(long, value_name = "NAME", requires = "target", value_parser = plateau_soak::external::dialect::Dialect::parse, help_heading = "External target")]
+    dialect: Option<plateau_soak::external::dialect::Dialect>,
 }
 
 /// Seconds a spawned server may take to start and answer: vLLM and SGLang load a model first.
@@ -81,6 +87,9 @@ impl ExternalArgs {
         ];
         if let Some(m) = &self.metrics_map {
             args.extend(["--metrics-map".to_string(), m.display().to_string()]);
+        }
+        if let Some(d) = self.dialect {
+            args.extend(["--dialect".to_string(), d.name().to_string()]);
         }
         super::sites::ServerRun { url, spawn: self.spawn.as_deref(), target_args: args }
     }
@@ -296,6 +305,7 @@ pub fn main(a: Args) -> u8 {
                 settle_timeout: std::time::Duration::from_millis(external.settle_timeout_ms),
                 request_timeout: std::time::Duration::from_secs(external.request_timeout_s),
                 spawn_env: external.spawn_env.clone(),
+                dialect: external.dialect,
             };
             plateau_soak::external::run(&s, &opts, &ext)
         }

@@ -195,6 +195,9 @@ impl EngineTarget {
         }
         self.engine.wake().map_err(|e| engine_err(iter, "wake", e))?;
         self.triggers.woke();
+        if s.reset_prefix_cache {
+            self.engine.reset_prefix_cache().map_err(|e| engine_err(iter, "reset_prefix_cache", e))?;
+        }
         Ok(())
     }
 }

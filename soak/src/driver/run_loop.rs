@@ -147,6 +147,7 @@ fn run_end(opts: &RunOptions, state: &LoopState, failed: Option<&RunError>, fini
     end.stopped_on = state.exact_failure.as_ref().map(|(_, what)| what.clone());
     end.target_exit = finish.target_exit.clone();
     end.settle_timeouts = finish.settle_timeouts;
+    end.control = finish.control.clone();
     end
 }
 

@@ -72,6 +72,8 @@ pub struct Finish {
     pub target_exit: Option<String>,
     /// Quiescent points sampled with requests still in flight at the target.
     pub settle_timeouts: u64,
+    /// An external target's dialect and control calls.
+    pub control: Option<plateau_reports::ControlRecord>,
 }
 
 pub trait Target {

@@ -69,6 +69,9 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     model: String,
+    /// `/v1/models`' `owned_by` for the model (vLLM says `vllm`, SGLang `sglang`, llama.cpp
+    /// `llamacpp`): one sign of the server's dialect.
+    owned_by: Option<String>,
 }
 
 impl Client {
@@ -110,11 +113,16 @@ impl Client {
                 "GET {url} answered {status} with no model in data[0].id: is this an OpenAI-compatible server?"
             ))
         })?;
-        Ok(Client { http, base, model: model.to_string() })
+        let owned_by = body["data"][0]["owned_by"].as_str().map(String::from);
+        Ok(Client { http, base, model: model.to_string(), owned_by })
     }
 
     pub fn model(&self) -> &str {
         &self.model
+    }
+
+    pub fn owned_by(&self) -> Option<&str> {
+        self.owned_by.as_deref()
     }
 
     pub fn base(&self) -> &str {

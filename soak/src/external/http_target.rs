@@ -3,7 +3,9 @@
 //! some chunks; an invalid request expects a 4xx); the quiescent point is every request answered
 //! and the server's in-flight gauges at zero (or the settle timeout, counted); a probe scrapes its
 //! /metrics, reads its process tree and GPU memory per process, and records plateau's own memory,
-//! observed only. Sleep phases (an engine call with no HTTP equivalent) are skipped and counted.
+//! observed only. A sleep phase calls the server's control endpoints in its dialect
+//! (`control.rs`): sleep, weight update and wake as an RL trainer does; what the dialect lacks is
+//! counted and said in the verdict.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -40,7 +42,8 @@ pub(super) struct Http<'a> {
     pub declared: BTreeMap<String, MetricSpec>,
     pub requests_sent: u64,
     pub settle_timeouts: u64,
-    pub skipped_sleeps: u64,
+    /// The server's dialect and its control calls (sleep phases).
+    pub control: super::control::Control,
     pub aborts: AbortCounts,
     pub ext: &'a ExternalOptions,
     pub own: crate::probes::ProcessProbes,
@@ -205,9 +208,8 @@ impl Target for HttpTarget<'_> {
         sends: Vec<Send>,
         _sink: &mut Sink,
     ) -> Result<(), RunError> {
-        if let Phase::Sleep(_) = scenario.phases[index] {
-            self.http.skipped_sleeps += 1;
-            return Ok(());
+        if let Phase::Sleep(s) = &scenario.phases[index] {
+            return self.runtime.block_on(self.http.control.sleep_phase(s));
         }
         self.runtime.block_on(self.http.send_all(sends))
     }
@@ -254,7 +256,7 @@ impl Target for HttpTarget<'_> {
         self.http.aborts
     }
 
-    fn finish(&mut self, _scenario: &Scenario, failed: Option<&RunError>) -> Finish {
+    fn finish(&mut self, scenario: &Scenario, failed: Option<&RunError>) -> Finish {
         // A target that ended before the run did: how, before anything else touches it. A
         // process killed by a signal closes its sockets before it is reaped, so a run that failed
         // on a reset connection may look at it a moment too early: it is given that moment.
@@ -284,11 +286,16 @@ impl Target for HttpTarget<'_> {
                 self.http.ext.settle_timeout.as_millis()
             );
         }
-        if self.http.skipped_sleeps > 0 {
+        let control = self.http.control.record();
+        if scenario.phases.iter().any(|p| matches!(p, Phase::Sleep(_))) {
             eprintln!(
-                "plateau: {} sleep phases skipped: an external target has no sleep/wake over the API",
-                self.http.skipped_sleeps
+                "plateau: control calls over HTTP ({} dialect): {}",
+                control.dialect,
+                self.http.control.summary()
             );
+            for l in &control.lacking {
+                eprintln!("plateau: {l}");
+            }
         }
         if let Some(t) = &self.http.tree {
             let roles = t.roles();
@@ -296,6 +303,6 @@ impl Target for HttpTarget<'_> {
                 eprintln!("plateau: target processes: {}", roles.join(", "));
             }
         }
-        Finish { target_exit, settle_timeouts: self.http.settle_timeouts, ..Finish::default() }
+        Finish { target_exit, settle_timeouts: self.http.settle_timeouts, control: Some(control), ..Finish::default() }
     }
 }

@@ -12,11 +12,13 @@
 //! process where NVML is there ([`gpu`]), the scraped metrics ([`mapping`]) and, observed only,
 //! plateau's own memory. The same detector then judges the samples. A failure mid-run (the server
 //! gone, a 5xx past the retries, a /metrics that stops parsing) keeps the samples so far and an
-//! incomplete verdict, and exits 3. Sleep phases (an engine call with no HTTP equivalent) are
-//! skipped and counted.
+//! incomplete verdict, and exits 3. Sleep phases go to the server's control endpoints in its
+//! dialect, found from what it answers ([`dialect`], [`control`]).
 
 pub mod client;
+pub mod control;
 mod death;
+pub mod dialect;
 pub mod exposition;
 pub mod gpu;
 pub mod mapping;
@@ -60,6 +62,8 @@ pub struct ExternalOptions {
     /// Environment for a spawned server only (`--spawn-env KEY=VALUE`): what a profiled replay
     /// preloads into it, or a user's settings.
     pub spawn_env: Vec<(String, String)>,
+    /// `--dialect`: the server's dialect as the user names it (else found from its answers).
+    pub dialect: Option<dialect::Dialect>,
 }
 
 /// plateau's own figures recorded beside the target's, observed only: the load generator's memory.
@@ -212,6 +216,10 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     }
     let client =
         runtime.block_on(Client::connect(&ext.url, ext.request_timeout, ext.ready_timeout)).map_err(client_err)?;
+    let found = dialect::decide(&runtime.block_on(dialect::look(client.base(), client.owned_by())), ext.dialect);
+    eprintln!("plateau: target dialect: {} ({})", found.dialect.name(), found.found);
+    note_dialect(&opts.out_dir, &found)?;
+    let control = control::Control::new(client.base(), client.model(), found, ext.request_timeout)?;
     let metrics_url = format!("{}/metrics", client.base());
     let first = match runtime.block_on(fetch_metrics(&metrics_url))? {
         Some(text) => {
@@ -272,7 +280,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         declared,
         requests_sent: 0,
         settle_timeouts: 0,
-        skipped_sleeps: 0,
+        control,
         aborts: AbortCounts::default(),
         ext,
         own: crate::probes::ProcessProbes::new(),
@@ -282,4 +290,17 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         window: Vec::new(),
     };
     run_with(scenario, opts, plan, &mut HttpTarget { runtime, http })
+}
+
+/// Names the dialect in the run's environment.json (written before the server answered), where
+/// the run has one: a profiled replay's child writes none.
+fn note_dialect(out_dir: &std::path::Path, found: &dialect::Found) -> Result<(), RunError> {
+    let path = out_dir.join("environment.json");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(()) };
+    let mut env: plateau_reports::Environment =
+        serde_json::from_str(&text).map_err(|e| RunError::Harness(format!("{}: {e}", path.display())))?;
+    env.dialect = Some(format!("{}: {}", found.dialect.name(), found.found));
+    let text = serde_json::to_string_pretty(&env).map_err(|e| RunError::Harness(e.to_string()))? + "\n";
+    crate::fsutil::write_atomic(&path, text.as_bytes())
+        .map_err(|e| RunError::Harness(format!("{}: {e}", path.display())))
 }

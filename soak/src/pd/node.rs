@@ -69,6 +69,7 @@ pub enum Call {
         level: u8,
     },
     Wake,
+    ResetPrefixCache,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -249,6 +250,10 @@ impl Node {
                 Err(err) => Reply::Failed(err.to_string()),
             },
             Call::Wake => match e.wake() {
+                Ok(()) => Reply::Done,
+                Err(err) => Reply::Failed(err.to_string()),
+            },
+            Call::ResetPrefixCache => match e.reset_prefix_cache() {
                 Ok(()) => Reply::Done,
                 Err(err) => Reply::Failed(err.to_string()),
             },

@@ -192,6 +192,11 @@ impl System for PdPair {
         self.decode.wake()
     }
 
+    fn reset_prefix_cache(&mut self) -> Result<(), EngineError> {
+        self.prefill.reset_prefix_cache()?;
+        self.decode.reset_prefix_cache()
+    }
+
     fn update_weights(&mut self, source: WeightSource) -> Result<(), EngineError> {
         self.prefill.update_weights(source.clone())?;
         self.decode.update_weights(source)

@@ -299,6 +299,11 @@ impl System for RemotePair {
         Self::expect_done(self.decode.get_mut().call(&Call::Wake)?)
     }
 
+    fn reset_prefix_cache(&mut self) -> Result<(), EngineError> {
+        Self::expect_done(self.prefill.get_mut().call(&Call::ResetPrefixCache)?)?;
+        Self::expect_done(self.decode.get_mut().call(&Call::ResetPrefixCache)?)
+    }
+
     fn update_weights(&mut self, _source: WeightSource) -> Result<(), EngineError> {
         Err(EngineError::Config("weight updates are not carried to plateau nodes".into()))
     }

@@ -33,6 +33,35 @@ pub enum Command {
     Submit { request: Request, events: mpsc::Sender<Event> },
     /// The engine's registries and counters, for /metrics.
     Stats { reply: oneshot::Sender<Snapshot> },
+    /// vLLM's `/sleep`: release the KV pool (level 1) and the weights (level 2). Refused while
+    /// requests are in flight.
+    Sleep { level: u8, reply: oneshot::Sender<Result<(), String>> },
+    /// vLLM's `/wake_up`: wake what `tags` names (None: everything). The engine wakes whole once
+    /// no tag is left asleep, as vLLM reports `is_sleeping` until then.
+    WakeUp { tags: Option<Vec<Tag>>, reply: oneshot::Sender<Result<(), String>> },
+    /// vLLM's `/is_sleeping`.
+    IsSleeping { reply: oneshot::Sender<bool> },
+    /// vLLM's `/reset_prefix_cache`.
+    ResetPrefixCache { reply: oneshot::Sender<Result<(), String>> },
+}
+
+/// What a vLLM wake-up names: the weights or the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tag {
+    Weights,
+    KvCache,
+}
+
+impl Tag {
+    pub const ALL: [Tag; 2] = [Tag::Weights, Tag::KvCache];
+
+    pub fn parse(s: &str) -> Result<Tag, String> {
+        match s {
+            "weights" => Ok(Tag::Weights),
+            "kv_cache" => Ok(Tag::KvCache),
+            other => Err(format!("tags: {other:?} is not a tag; weights or kv_cache")),
+        }
+    }
 }
 
 /// What a request's handler hears back, in order: tokens as they come, then exactly one of
@@ -70,6 +99,8 @@ pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String
     let start = Instant::now();
     let mut live: BTreeMap<u64, Live> = BTreeMap::new();
     let mut next_id: u64 = 0;
+    // Tags still asleep since the last sleep: empty while awake.
+    let mut asleep: std::collections::BTreeSet<Tag> = std::collections::BTreeSet::new();
     loop {
         let idle = live.is_empty() && !engine.has_unfinished();
         for k in 0..COMMANDS_PER_STEP {
@@ -99,6 +130,33 @@ pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String
                             let _ = events.try_send(Event::Refused(e.to_string()));
                         }
                     }
+                }
+                Command::Sleep { level, reply } => {
+                    let r = engine.sleep(level).map_err(|e| e.to_string());
+                    if r.is_ok() {
+                        asleep.extend(Tag::ALL);
+                        release_pages();
+                    }
+                    let _ = reply.send(r);
+                }
+                Command::WakeUp { tags, reply } => {
+                    let r = if asleep.is_empty() {
+                        Ok(())
+                    } else {
+                        for t in tags.unwrap_or_else(|| Tag::ALL.to_vec()) {
+                            asleep.remove(&t);
+                        }
+                        let woke = if asleep.is_empty() { engine.wake().map_err(|e| e.to_string()) } else { Ok(()) };
+                        release_pages();
+                        woke
+                    };
+                    let _ = reply.send(r);
+                }
+                Command::IsSleeping { reply } => {
+                    let _ = reply.send(engine.is_asleep());
+                }
+                Command::ResetPrefixCache { reply } => {
+                    let _ = reply.send(engine.reset_prefix_cache().map_err(|e| e.to_string()));
                 }
                 Command::Stats { reply } => {
                     // Idle, the pages were given back when the last request ended.

@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::sync::mpsc::{SyncSender, TrySendError};
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use super::api::{error_body, finish_reason, ChatBody, CompletionBody, Endpoint};
-use super::engine_loop::{event_capacity, Command, Event};
+use super::engine_loop::{event_capacity, Command, Event, Tag};
 
 pub struct AppState {
     pub commands: SyncSender<Command>,
@@ -36,6 +36,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat))
         .route("/metrics", get(metrics))
+        .route("/sleep", post(sleep))
+        .route("/wake_up", post(wake_up))
+        .route("/is_sleeping", get(is_sleeping))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
         .with_state(state)
 }
 
@@ -174,4 +178,71 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
     let (heap, specs) = heap_figures();
     let text = super::metrics::render(&snap, &heap, &specs);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The pairs of a query string (`level=2`, `tags=weights&tags=kv_cache`), decoded.
+fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    let Some(q) = query else { return Vec::new() };
+    reqwest::Url::parse(&format!("http://query/?{q}"))
+        .map(|u| u.query_pairs().map(|(k, v)| (k.into_owned(), v.into_owned())).collect())
+        .unwrap_or_default()
+}
+
+/// Sends a control command and answers as vLLM does: 200 with an empty body, or the engine's
+/// refusal (409 while requests are in flight or for a bad level).
+async fn control(s: &AppState, make: impl FnOnce(oneshot::Sender<Result<(), String>>) -> Command) -> Response {
+    let (reply, rx) = oneshot::channel();
+    if s.commands.try_send(make(reply)).is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the engine's request queue is full or stopped");
+    }
+    match rx.await {
+        Ok(Ok(())) => StatusCode::OK.into_response(),
+        Ok(Err(why)) => error(StatusCode::CONFLICT, &why),
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the engine has stopped"),
+    }
+}
+
+/// `POST /sleep?level=1|2` (vLLM's; level 1 when absent).
+async fn sleep(State(s): State<Arc<AppState>>, RawQuery(q): RawQuery) -> Response {
+    let mut level = 1u8;
+    for (k, v) in query_pairs(q.as_deref()) {
+        match (k.as_str(), v.parse::<u8>()) {
+            ("level", Ok(l)) => level = l,
+            ("level", Err(_)) => return error(StatusCode::BAD_REQUEST, &format!("level: {v:?} is not 1 or 2")),
+            _ => {}
+        }
+    }
+    control(&s, |reply| Command::Sleep { level, reply }).await
+}
+
+/// `POST /wake_up[?tags=weights|kv_cache]` (vLLM's; repeatable tags, everything when absent).
+async fn wake_up(State(s): State<Arc<AppState>>, RawQuery(q): RawQuery) -> Response {
+    let mut tags = Vec::new();
+    for (k, v) in query_pairs(q.as_deref()) {
+        if k == "tags" {
+            match Tag::parse(&v) {
+                Ok(t) => tags.push(t),
+                Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+            }
+        }
+    }
+    let tags = (!tags.is_empty()).then_some(tags);
+    control(&s, |reply| Command::WakeUp { tags, reply }).await
+}
+
+/// `GET /is_sleeping` (vLLM's): `{"is_sleeping": bool}`.
+async fn is_sleeping(State(s): State<Arc<AppState>>) -> Response {
+    let (reply, rx) = oneshot::channel();
+    if s.commands.try_send(Command::IsSleeping { reply }).is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the engine's request queue is full or stopped");
+    }
+    match rx.await {
+        Ok(b) => Json(json!({ "is_sleeping": b })).into_response(),
+        Err(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "the engine has stopped"),
+    }
+}
+
+/// `POST /reset_prefix_cache` (vLLM's).
+async fn reset_prefix_cache(State(s): State<Arc<AppState>>) -> Response {
+    control(&s, |reply| Command::ResetPrefixCache { reply }).await
 }

@@ -5,7 +5,10 @@
 //! through one bounded channel of [`COMMAND_QUEUE`] commands (a full queue answers 503). Routes:
 //! `/v1/completions`, `/v1/chat/completions` (images as base64 data URLs), both with `n` and
 //! streaming; `/v1/models`; `/health`; `/metrics` (Prometheus text: every registry, counter and
-//! allocator figure, see [`metrics`]). Injections apply as in `plateau run`.
+//! allocator figure, see [`metrics`]); and vLLM's control endpoints, which an RL trainer drives
+//! between rollouts: `POST /sleep?level=1|2`, `POST /wake_up[?tags=weights|kv_cache]`,
+//! `GET /is_sleeping`, `POST /reset_prefix_cache`, with the engine's own sleep and wake. Injections
+//! apply as in `plateau run`, so a leak on the sleep path leaks over HTTP too.
 
 pub mod api;
 pub mod engine_loop;

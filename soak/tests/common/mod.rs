@@ -14,3 +14,10 @@ pub fn tmp(suite: &str, name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// The names of a verdict's failing metrics.
+#[allow(dead_code)] // not every test file reads verdicts
+pub fn failing(verdict: &serde_json::Value) -> Vec<&str> {
+    let metrics = verdict["metrics"].as_array().map(Vec::as_slice).unwrap_or_default();
+    metrics.iter().filter(|m| m["status"] == "fail").filter_map(|m| m["name"].as_str()).collect()
+}
