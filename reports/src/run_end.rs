@@ -32,6 +32,10 @@ pub struct RunEnd {
     /// HTTP): its dialect, what each call took, and what the dialect lacks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<ControlRecord>,
+    /// The roles of a deployment of separate processes (`--topology`): each role's metrics start
+    /// with its name (`decode.target.proc.rss_anon`), and the verdict names the roles that grew.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<String>,
 }
 
 /// How a run drove an external server's control endpoints. Lifecycle: the dialect is found (or
@@ -99,6 +103,7 @@ impl RunEnd {
             target_exit: None,
             settle_timeouts: 0,
             control: None,
+            roles: Vec::new(),
         }
     }
 

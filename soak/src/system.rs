@@ -46,6 +46,10 @@ pub trait System {
     /// ended in it (for a pair, what the decode side hands back).
     fn step(&mut self, now_ms: u64) -> Result<Vec<RequestOutput>, EngineError>;
     fn stage(&self, id: u64) -> Option<RequestStage>;
+    /// The tokens each live sequence of request `id` has generated so far, by sequence index:
+    /// what a streaming server sends as they come. A system that cannot see them before a
+    /// request ends (nodes in other processes) returns none, and its requests stream at the end.
+    fn generated(&self, id: u64) -> Vec<(u32, Vec<u32>)>;
     fn abort(&mut self, id: u64) -> AbortOutcome;
     /// Requests in flight from the client's point of view.
     fn has_unfinished(&self) -> bool;
@@ -94,6 +98,9 @@ impl System for Engine {
     }
     fn stage(&self, id: u64) -> Option<RequestStage> {
         Engine::stage(self, id)
+    }
+    fn generated(&self, id: u64) -> Vec<(u32, Vec<u32>)> {
+        Engine::generated(self, id).into_iter().map(|(i, t)| (i, t.to_vec())).collect()
     }
     fn abort(&mut self, id: u64) -> AbortOutcome {
         Engine::abort(self, id)

@@ -38,8 +38,11 @@ fn the_nightly_matrix_soaks_every_shipped_scenario() {
         .collect();
     let mut shipped: Vec<String> = std::fs::read_dir(root().join("scenarios"))
         .unwrap()
-        .filter_map(|e| e.ok()?.path().file_stem()?.to_str().map(String::from))
-        .filter(|n| n != "README")
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            // Scenario files only: not the README, nor topologies/ (deployments, not scenarios).
+            (p.extension()? == "toml").then(|| p.file_stem()?.to_str().map(String::from))?
+        })
         .collect();
     shipped.sort();
     let mut l = listed.clone();

@@ -110,6 +110,9 @@ pub fn unfinished(s: &Samples) -> Option<String> {
 fn note_end(v: &mut Verdict, e: &RunEnd, planned: Option<u64>) {
     v.target_exit = e.target_exit.clone();
     v.settle_timeouts = e.settle_timeouts;
+    if !e.roles.is_empty() {
+        v.summary.push_str(&format!("; {}", roles_story(&e.roles, v)));
+    }
     if let Some(c) = &e.control {
         // What the dialect lacks is said once, never skipped in silence.
         v.warnings.extend(c.lacking.iter().cloned());
@@ -133,6 +136,29 @@ fn note_end(v: &mut Verdict, e: &RunEnd, planned: Option<u64>) {
             e.iterations,
             planned.map_or("its planned length".to_string(), |p| p.to_string())
         ));
+    }
+}
+
+/// Which roles of a deployment grew: each role's verdict from the metrics under its prefix
+/// (`decode: fail`), the failing ones named first.
+fn roles_story(roles: &[String], v: &Verdict) -> String {
+    let of = |r: &str| {
+        let mine: Vec<&plateau_reports::MetricVerdict> =
+            v.metrics.iter().filter(|m| m.name.strip_prefix(r).is_some_and(|t| t.starts_with('.'))).collect();
+        if mine.iter().any(|m| m.status == Status::Fail) {
+            Status::Fail
+        } else if mine.iter().any(|m| m.status == Status::Inconclusive) {
+            Status::Inconclusive
+        } else {
+            Status::Pass
+        }
+    };
+    let grew: Vec<&str> = roles.iter().map(String::as_str).filter(|r| of(r) == Status::Fail).collect();
+    let each: Vec<String> = roles.iter().map(|r| format!("{r} {}", of(r).as_str())).collect();
+    match grew.len() {
+        0 => format!("no role grew ({})", each.join(", ")),
+        1 => format!("the role that grew: {} ({})", grew[0], each.join(", ")),
+        _ => format!("the roles that grew: {} ({})", grew.join(", "), each.join(", ")),
     }
 }
 

@@ -31,7 +31,16 @@ pub fn main(a: Args) -> u8 {
     serve_node(&role, &listen, &scenario, seed, inject, peer)
 }
 
-fn serve_node(role: &str, listen: &str, scenario: &str, seed: u64, inject: Vec<Injection>, peer: Option<String>) -> u8 {
+/// Serves one node on `listen` until its controller's connection closes (`plateau node`, and
+/// `plateau serve --role prefill|decode`).
+pub fn serve_node(
+    role: &str,
+    listen: &str,
+    scenario: &str,
+    seed: u64,
+    inject: Vec<Injection>,
+    peer: Option<String>,
+) -> u8 {
     let run = || -> Result<(), (u8, String)> {
         let role = plateau_soak::pd::node::parse_role(role).map_err(|m| (USAGE, m))?;
         // The address is the user's: one that does not parse, resolve or bind is bad input.

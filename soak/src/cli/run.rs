@@ -55,8 +55,16 @@ pub struct ExternalArgs {
     /// from what it answers (GET /is_sleeping: vLLM in dev mode; GET /get_server_info: SGLang;
     /// GET /props: llama.cpp; else /v1/models' owned_by). A sleep phase then calls the dialect's
     /// sleep, weight update and wake endpoints; what it lacks is said in the verdict.
-    #[arg(long, value_name = "NAME", requires = "target", value_parser = plateau_soak::external::dialect::Dialect::parse, help_heading = "External target")]
+    #[arg(long, value_name = "NAME", value_parser = plateau_soak::external::dialect::Dialect::parse, help_heading = "External target")]
     dialect: Option<plateau_soak::external::dialect::Dialect>,
+    /// A deployment of separate processes to soak as one target (a P/D pair and its proxy): a
+    /// TOML file listing each process's role, spawn command, port name and health URL, and the
+    /// URL requests go to (see scenarios/topologies/). Each process is started in order and
+    /// stopped at the end; its process tree is judged under its role
+    /// (`decode.target.proc.rss_anon`), and the verdict names the role that grew. `--inject`
+    /// fills the file's `{inject}`.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["target", "pid", "spawn"], help_heading = "External target")]
+    topology: Option<PathBuf>,
 }
 
 /// Seconds a spawned server may take to start and answer: vLLM and SGLang load a model first.
@@ -214,6 +222,28 @@ pub fn main(a: Args) -> u8 {
             return USAGE;
         }
     };
+    if external.dialect.is_some() && external.target.is_none() && external.topology.is_none() {
+        eprintln!("plateau: --dialect names an external server's dialect: give --target URL or --topology FILE");
+        return USAGE;
+    }
+    // A deployment's file, its ports taken now: its URL is the run's target.
+    let topology = match &external.topology {
+        None => None,
+        Some(file) => {
+            let exe = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "plateau".into());
+            let injections: Vec<String> = inject.iter().map(|i| i.name().to_string()).collect();
+            let fill =
+                plateau_soak::external::topology::Fill { plateau: &exe, scenario: &scenario, injections: &injections };
+            match plateau_soak::external::topology::load(file, &fill) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    eprintln!("plateau: {e}");
+                    return USAGE;
+                }
+            }
+        }
+    };
+    let target_url = external.target.clone().or_else(|| topology.as_ref().map(|t| t.url.clone()));
     let planned = iterations.unwrap_or(s.soak.iterations);
     let cap = max_iterations.unwrap_or_else(|| s.soak.until_decided_cap(planned));
     if until_decided && cap < planned {
@@ -239,12 +269,8 @@ pub fn main(a: Args) -> u8 {
             commit: env!("PLATEAU_COMMIT"),
             source: &s.file,
             seed: seed.unwrap_or(s.soak.seed),
-            backend: if external.target.is_some() {
-                "external"
-            } else {
-                backend.as_deref().unwrap_or(&s.engine.backend)
-            },
-            target: external.target.as_deref(),
+            backend: if target_url.is_some() { "external" } else { backend.as_deref().unwrap_or(&s.engine.backend) },
+            target: target_url.as_deref(),
             replay_args: replay_args(&scenario, seed.unwrap_or(s.soak.seed), &origin),
         };
         let env = plateau_soak::environment::collect(&s, &id);
@@ -281,10 +307,14 @@ pub fn main(a: Args) -> u8 {
         profile_window,
         stop_on_exact_failure,
     };
-    let result = match &external.target {
+    let result = match &target_url {
         Some(url) => {
             if pd_processes || opts.backend.is_some() {
                 eprintln!("plateau: --target: --pd-processes and --backend apply to plateau's own engine only");
+                return USAGE;
+            }
+            if profile && topology.is_some() {
+                eprintln!("plateau: --topology --profile: a profiled replay starts one server under a profiler, not a deployment; soak the role alone with --target and --spawn");
                 return USAGE;
             }
             if profile && external.spawn.is_none() {
@@ -306,6 +336,7 @@ pub fn main(a: Args) -> u8 {
                 request_timeout: std::time::Duration::from_secs(external.request_timeout_s),
                 spawn_env: external.spawn_env.clone(),
                 dialect: external.dialect,
+                topology: topology.clone(),
             };
             plateau_soak::external::run(&s, &opts, &ext)
         }
@@ -313,9 +344,15 @@ pub fn main(a: Args) -> u8 {
     };
     match result {
         Ok(mut r) => {
-            let named = match &external.target {
+            let named = match &target_url {
                 _ if no_replay => None,
                 None => super::sites::heap_sites(&mut r, &opts, profile),
+                Some(_) if topology.is_some() => {
+                    if r.verdict.failed() {
+                        eprintln!("plateau: no profiled replay for a --topology run: replays start one server under a profiler, not a deployment; soak the role that grew alone with --target and --spawn to name its line");
+                    }
+                    None
+                }
                 Some(url) => super::sites::server_sites(&mut r, &opts, &external.replay_of(url), profile),
             };
             if let Some(code) = named {
@@ -435,7 +472,8 @@ impl ExternalArgs {
                 flags.extend([name.to_string(), v]);
             }
         };
-        if self.target.is_some() {
+        flag("--topology", self.topology.as_ref().map(|t| t.display().to_string()));
+        if self.target.is_some() || self.topology.is_some() {
             flag("--pid", self.pid.map(|p| p.to_string()));
             flag("--metrics-map", self.metrics_map.as_ref().map(|m| m.display().to_string()));
             flag("--concurrency", Some(self.concurrency.to_string()));

@@ -148,6 +148,7 @@ fn run_end(opts: &RunOptions, state: &LoopState, failed: Option<&RunError>, fini
     end.target_exit = finish.target_exit.clone();
     end.settle_timeouts = finish.settle_timeouts;
     end.control = finish.control.clone();
+    end.roles = finish.roles.clone();
     end
 }
 

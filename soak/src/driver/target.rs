@@ -74,6 +74,8 @@ pub struct Finish {
     pub settle_timeouts: u64,
     /// An external target's dialect and control calls.
     pub control: Option<plateau_reports::ControlRecord>,
+    /// A deployment's roles (`--topology`), each judged under its prefix.
+    pub roles: Vec<String>,
 }
 
 pub trait Target {

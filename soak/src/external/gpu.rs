@@ -33,12 +33,22 @@ impl GpuProbe {
     }
 
     pub fn specs() -> BTreeMap<String, MetricSpec> {
+        GpuProbe::specs_as(PREFIX)
+    }
+
+    /// The spec under `prefix` (`decode.target.` for one role of a deployment).
+    pub fn specs_as(prefix: &str) -> BTreeMap<String, MetricSpec> {
         let spec = MetricSpec { quantum: Some(QUANTUM), ..MetricSpec::new(Kind::Gauge, "bytes") };
-        BTreeMap::from([(format!("{PREFIX}{METRIC}"), spec)])
+        BTreeMap::from([(format!("{prefix}{METRIC}"), spec)])
     }
 
     /// The GPU memory `pids` hold, summed over devices, into `values`.
     pub fn sample(&self, pids: &[i32], values: &mut BTreeMap<String, f64>) {
+        self.sample_as(PREFIX, pids, values)
+    }
+
+    /// The same under `prefix`.
+    pub fn sample_as(&self, prefix: &str, pids: &[i32], values: &mut BTreeMap<String, f64>) {
         let mut bytes = 0.0;
         let count = self.nvml.device_count().unwrap_or(0);
         for i in 0..count {
@@ -49,6 +59,6 @@ impl GpuProbe {
                 }
             }
         }
-        values.insert(format!("{PREFIX}{METRIC}"), bytes);
+        values.insert(format!("{prefix}{METRIC}"), bytes);
     }
 }

@@ -37,6 +37,10 @@ pub(super) struct Http<'a> {
     pub scrapes: bool,
     pub tree: Option<tree::Tree>,
     pub target: Option<target::Target>,
+    /// A deployment's processes (`--topology`), each probed under its role.
+    pub deployment: super::Deployment,
+    /// Their roles, in start order.
+    pub roles: Vec<String>,
     pub oom: Option<death::OomWatch>,
     pub gpu: Option<gpu::GpuProbe>,
     pub declared: BTreeMap<String, MetricSpec>,
@@ -68,10 +72,25 @@ impl Http<'_> {
         let text = fetch_metrics(&url).await?;
         let text = text.ok_or_else(|| RunError::Harness(format!("GET {url}: gone mid-run")))?;
         let samples = mapping::parse_text(&text, &format!("GET {url}")).map_err(RunError::Harness)?;
-        Ok(Some(self.mapping.apply(&samples)))
+        let mut s = self.mapping.apply(&samples);
+        if !self.roles.is_empty() {
+            s.values = s.values.into_iter().map(|(k, v)| (by_role(&k, &self.roles), v)).collect();
+        }
+        Ok(Some(s))
     }
 
     fn check_alive(&mut self, iter: u64) -> Result<(), RunError> {
+        for p in &mut self.deployment.procs {
+            if !p.target.alive() {
+                let how = p.target.exit_status().map(|s| format!(" ({s})")).unwrap_or_default();
+                return Err(RunError::Harness(format!(
+                    "the {} process {} exited at iteration {}{how}",
+                    p.role,
+                    p.target.pid,
+                    iter + 1
+                )));
+            }
+        }
         let Some(t) = &mut self.target else { return Ok(()) };
         if t.alive() {
             return Ok(());
@@ -118,6 +137,12 @@ impl Http<'_> {
             }
             self.last_mappings =
                 procfs::process::Process::new(tree.root()).map(|p| crate::mappings::of_process(&p)).unwrap_or_default();
+        }
+        for d in &self.deployment.procs {
+            let pids = d.tree.sample(&mut p.values);
+            if let Some(g) = &self.gpu {
+                g.sample_as(&format!("{}.{}", d.role, mapping::PREFIX), &pids, &mut p.values);
+            }
         }
         p.cost_us.insert("target_proc".into(), t1.elapsed().as_secs_f64() * 1e6);
         if unsettled {
@@ -279,6 +304,12 @@ impl Target for HttpTarget<'_> {
         if let Some(t) = &mut self.http.target {
             t.stop();
         }
+        if !self.http.deployment.procs.is_empty() {
+            let pids: Vec<String> =
+                self.http.deployment.procs.iter().map(|p| format!("{} (pid {})", p.role, p.target.pid)).collect();
+            eprintln!("plateau: deployment processes, each judged under its role: {}", pids.join(", "));
+        }
+        self.http.deployment.stop();
         if self.http.settle_timeouts > 0 {
             eprintln!(
                 "plateau: {} quiescent points were sampled with requests still in flight at the target (settle timeout {} ms)",
@@ -303,6 +334,25 @@ impl Target for HttpTarget<'_> {
                 eprintln!("plateau: target processes: {}", roles.join(", "));
             }
         }
-        Finish { target_exit, settle_timeouts: self.http.settle_timeouts, control: Some(control), ..Finish::default() }
+        Finish {
+            target_exit,
+            settle_timeouts: self.http.settle_timeouts,
+            control: Some(control),
+            roles: self.http.roles.clone(),
+            ..Finish::default()
+        }
     }
+}
+
+/// A scraped metric about one role of a deployment (a proxy's `target.decode.engine.kv_pool_bytes`)
+/// under that role's prefix (`decode.target.engine.kv_pool_bytes`), so that every metric of a role
+/// starts with its name; others as they are.
+pub(super) fn by_role(name: &str, roles: &[String]) -> String {
+    let Some(rest) = name.strip_prefix(mapping::PREFIX) else { return name.to_string() };
+    for r in roles {
+        if let Some(tail) = rest.strip_prefix(r.as_str()).and_then(|t| t.strip_prefix('.')) {
+            return format!("{r}.{}{tail}", mapping::PREFIX);
+        }
+    }
+    name.to_string()
 }

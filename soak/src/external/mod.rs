@@ -24,6 +24,7 @@ pub mod gpu;
 pub mod mapping;
 pub mod profile;
 pub mod target;
+pub mod topology;
 pub mod tree;
 
 mod http_target;
@@ -64,6 +65,65 @@ pub struct ExternalOptions {
     pub spawn_env: Vec<(String, String)>,
     /// `--dialect`: the server's dialect as the user names it (else found from its answers).
     pub dialect: Option<dialect::Dialect>,
+    /// `--topology`: the processes of a deployment, started in order and probed per role (`url`
+    /// is then the topology's).
+    pub topology: Option<topology::Topology>,
+}
+
+/// One process of a deployment (`--topology`): its role, the process, its tree.
+pub(crate) struct RoleProcess {
+    pub role: String,
+    pub target: target::Target,
+    pub tree: tree::Tree,
+}
+
+/// The processes of a deployment, stopped in the reverse of their start order when dropped
+/// (the proxy before the nodes it routes to), whatever ended the run.
+#[derive(Default)]
+pub(crate) struct Deployment {
+    pub procs: Vec<RoleProcess>,
+}
+
+impl Deployment {
+    pub fn stop(&mut self) {
+        while let Some(mut p) = self.procs.pop() {
+            p.target.stop();
+        }
+    }
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Starts a topology's processes in order, each once the one before answers its health URL.
+fn start_deployment(
+    topo: &topology::Topology,
+    ext: &ExternalOptions,
+    out_dir: &std::path::Path,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<Deployment, RunError> {
+    let mut d = Deployment::default();
+    for p in &topo.processes {
+        let log = out_dir.join(format!("target-{}.log", p.role));
+        let mut t = target::Target::spawn(&p.spawn, &ext.spawn_env, &log)
+            .map_err(|e| RunError::Input(format!("process {}: {e}", p.role)))?;
+        let who = format!("{} process", p.role);
+        runtime.block_on(wait_answering(
+            &who,
+            &p.health,
+            std::slice::from_ref(&p.health),
+            &mut t,
+            ext.ready_timeout,
+            &log,
+        ))?;
+        let tree = tree::Tree::for_role(t.pid, &p.role);
+        eprintln!("plateau: {} started (pid {}): {}", p.role, t.pid, p.spawn);
+        d.procs.push(RoleProcess { role: p.role.clone(), target: t, tree });
+    }
+    Ok(d)
 }
 
 /// plateau's own figures recorded beside the target's, observed only: the load generator's memory.
@@ -95,7 +155,11 @@ fn check_url(url: &str) -> Result<(), RunError> {
 /// A target level that counts the allocator's unused pages until they are given back: RSS and
 /// RssAnon of the tree and of each process, the allocator's resident and mapped pages.
 fn is_page_level(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix(mapping::PREFIX) else { return false };
+    // `target.proc.rss`, or one role's `decode.target.proc.rss` (`--topology`).
+    let own = name.strip_prefix(mapping::PREFIX);
+    let Some(rest) = own.or_else(|| name.split_once('.').and_then(|(_, r)| r.strip_prefix(mapping::PREFIX))) else {
+        return false;
+    };
     PURGED_ONLY.iter().any(|p| rest == *p || rest.ends_with(&format!(".{p}")))
 }
 
@@ -149,6 +213,21 @@ async fn wait_ready(
     timeout: Duration,
     log: &std::path::Path,
 ) -> Result<(), RunError> {
+    let checks = [format!("{url}/health"), format!("{url}/v1/models")];
+    wait_answering("spawned server", url, &checks, t, timeout, log).await
+}
+
+/// Waits until one of `checks` answers (`http://`: a 2xx; `tcp://HOST:PORT`: a connection is
+/// accepted), within `timeout`. A process that exits first, or never answers, stops the run,
+/// naming it (`who`, at `at`) with the end of its log.
+async fn wait_answering(
+    who: &str,
+    at: &str,
+    checks: &[String],
+    t: &mut target::Target,
+    timeout: Duration,
+    log: &std::path::Path,
+) -> Result<(), RunError> {
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(2))
@@ -159,21 +238,23 @@ async fn wait_ready(
         if !t.alive() {
             let how = t.exit_status().unwrap_or_else(|| "exited".into());
             return Err(RunError::Harness(format!(
-                "the spawned server {how} before answering at {url}; its log ({}) ends: {}",
+                "the {who} {how} before answering at {at}; its log ({}) ends: {}",
                 log.display(),
                 target::tail(log, 400)
             )));
         }
-        for path in ["/health", "/v1/models"] {
-            if let Ok(r) = http.get(format!("{url}{path}")).send().await {
-                if r.status().is_success() {
-                    return Ok(());
-                }
+        for check in checks {
+            let up = match check.strip_prefix("tcp://") {
+                Some(addr) => tokio::net::TcpStream::connect(addr).await.is_ok(),
+                None => http.get(check).send().await.is_ok_and(|r| r.status().is_success()),
+            };
+            if up {
+                return Ok(());
             }
         }
         if t0.elapsed() >= timeout {
             return Err(RunError::Harness(format!(
-                "the spawned server did not answer at {url} within {} s (--ready-timeout); its log ({}) ends: {}",
+                "the {who} did not answer at {at} within {} s (--ready-timeout-s); its log ({}) ends: {}",
                 timeout.as_secs(),
                 log.display(),
                 target::tail(log, 400)
@@ -191,7 +272,7 @@ fn carries_memory_gauge(s: &mapping::Scraped) -> bool {
 /// Runs the scenario against the target and judges it.
 pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Result<RunResult, RunError> {
     check_url(&ext.url)?;
-    if opts.injections.iter().next().is_some() {
+    if opts.injections.iter().next().is_some() && ext.topology.is_none() {
         return Err(RunError::Input("--inject switches on leaks in plateau's own engine; with --target, give them to the server (plateau serve --inject NAME)".into()));
     }
     // A server is sampled at quiescent points only (`run` refuses --sample-interval-ms > 0).
@@ -214,6 +295,10 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     if let (Some(t), Some(_)) = (target.as_mut(), &ext.spawn) {
         runtime.block_on(wait_ready(&ext.url, t, ext.ready_timeout, &log))?;
     }
+    let deployment = match &ext.topology {
+        Some(topo) => start_deployment(topo, ext, &opts.out_dir, &runtime)?,
+        None => Deployment::default(),
+    };
     let client =
         runtime.block_on(Client::connect(&ext.url, ext.request_timeout, ext.ready_timeout)).map_err(client_err)?;
     let found = dialect::decide(&runtime.block_on(dialect::look(client.base(), client.owned_by())), ext.dialect);
@@ -229,7 +314,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     };
     // With no process to read, the server's own /metrics is all there is to judge: without a
     // memory gauge there it would judge only plateau's own request counter.
-    if target.is_none() && !first.as_ref().is_some_and(carries_memory_gauge) {
+    if target.is_none() && deployment.procs.is_empty() && !first.as_ref().is_some_and(carries_memory_gauge) {
         return Err(RunError::Input(format!(
             "--target {}: no --pid or --spawn, and {metrics_url} carries no memory gauge (bytes) in the mapping: nothing about the server's memory could be judged; give --pid PID (the server's process) or --spawn \"CMD\" (plateau starts it), or a --metrics-map that maps a memory gauge",
             ext.url
@@ -237,13 +322,13 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     }
     let oom = target.as_ref().map(|t| death::OomWatch::start(t.pid));
     let tree = target.as_ref().map(|t| tree::Tree::new(t.pid));
-    let gpu = match (&tree, gpu::GpuProbe::open()) {
-        (Some(_), Ok(g)) => Some(g),
-        (Some(_), Err(why)) => {
+    let gpu = match (tree.is_some() || !deployment.procs.is_empty(), gpu::GpuProbe::open()) {
+        (true, Ok(g)) => Some(g),
+        (true, Err(why)) => {
             eprintln!("plateau: GPU memory per process: not available ({why})");
             None
         }
-        (None, _) => None,
+        (false, _) => None,
     };
     let mut declared = BTreeMap::new();
     if let Some(t) = &tree {
@@ -252,8 +337,15 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
             declared.extend(gpu::GpuProbe::specs());
         }
     }
+    for p in &deployment.procs {
+        declared.extend(p.tree.specs());
+        if gpu.is_some() {
+            declared.extend(gpu::GpuProbe::specs_as(&format!("{}.{}", p.role, mapping::PREFIX)));
+        }
+    }
+    let roles: Vec<String> = deployment.procs.iter().map(|p| p.role.clone()).collect();
     if let Some(s) = &first {
-        declared.extend(s.specs.clone());
+        declared.extend(s.specs.iter().map(|(k, v)| (http_target::by_role(k, &roles), v.clone())));
     }
     for (name, unit) in OWN {
         declared.insert(name.to_string(), MetricSpec::new(Kind::Observed, unit));
@@ -275,6 +367,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         scrapes: first.is_some(),
         tree,
         target: target.take(),
+        deployment,
+        roles,
         oom,
         gpu,
         declared,

@@ -20,6 +20,9 @@ const MAX_PROCESSES: usize = 256;
 
 pub struct Tree {
     root: i32,
+    /// What every metric of this tree starts with: `target.`, or `decode.target.` for one role
+    /// of a deployment (`--topology`).
+    prefix: String,
     /// (pid, role) of the processes there at the start; empty when the server is one process.
     roles: Vec<(i32, String)>,
 }
@@ -48,6 +51,15 @@ pub fn descendants(root: i32) -> Vec<i32> {
 
 impl Tree {
     pub fn new(root: i32) -> Tree {
+        Tree::with_prefix(root, PREFIX.to_string())
+    }
+
+    /// The tree of one process of a deployment, its metrics under `ROLE.target.`.
+    pub fn for_role(root: i32, role: &str) -> Tree {
+        Tree::with_prefix(root, format!("{role}.{PREFIX}"))
+    }
+
+    fn with_prefix(root: i32, prefix: String) -> Tree {
         let pids = descendants(root);
         let mut roles = Vec::new();
         if pids.len() > 1 {
@@ -67,7 +79,7 @@ impl Tree {
                 roles.push((pid, name));
             }
         }
-        Tree { root, roles }
+        Tree { root, prefix, roles }
     }
 
     pub fn root(&self) -> i32 {
@@ -92,9 +104,9 @@ impl Tree {
                 m.insert(name, spec);
             }
         };
-        add(PREFIX.to_string());
+        add(self.prefix.clone());
         for (_, role) in &self.roles {
-            add(format!("{PREFIX}{role}."));
+            add(format!("{}{role}.", self.prefix));
         }
         m
     }
@@ -111,9 +123,9 @@ impl Tree {
             let role = self.roles.iter().find(|(r, _)| *r == pid).map(|(_, name)| name);
             for (k, v) in one {
                 if let Some(role) = role {
-                    values.insert(format!("{PREFIX}{role}.{k}"), v);
+                    values.insert(format!("{}{role}.{k}", self.prefix), v);
                 }
-                *sums.entry(format!("{PREFIX}{k}")).or_insert(0.0) += v;
+                *sums.entry(format!("{}{k}", self.prefix)).or_insert(0.0) += v;
             }
         }
         values.extend(sums);

@@ -100,6 +100,11 @@ impl System for PdPair {
         self.decode.stage(id).or_else(|| self.prefill.stage(id))
     }
 
+    fn generated(&self, id: u64) -> Vec<(u32, Vec<u32>)> {
+        // A request streams from its decode side; its prefill side makes only the first token.
+        self.decode.generated(id).into_iter().map(|(i, t)| (i, t.to_vec())).collect()
+    }
+
     fn abort(&mut self, id: u64) -> AbortOutcome {
         if self.decode.stage(id).is_some() {
             return self.decode.abort(id);

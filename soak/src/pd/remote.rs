@@ -52,6 +52,10 @@ pub struct RemotePair {
     config: EngineConfig,
     model: ModelConfig,
     unfinished: bool,
+    /// Whether `step` also returns the requests that ended on the prefill side (their first token
+    /// ended them, or they failed there): a server answers every request it took, while the
+    /// soak's driver counts only what decode hands back, as for the in-process pair.
+    answer_every_request: bool,
 }
 
 fn spawn(role: &'static str, spec: &NodeSpec, peer: Option<&str>) -> Result<(Child, Client), String> {
@@ -85,10 +89,17 @@ fn spawn(role: &'static str, spec: &NodeSpec, peer: Option<&str>) -> Result<(Chi
         .trim()
         .strip_prefix("listening ")
         .ok_or_else(|| format!("the {role} node did not start: `{}`", line.trim()))?;
-    let s = TcpStream::connect(addr).map_err(|e| format!("connecting to the {role} node at {addr}: {e}"))?;
-    s.set_nodelay(true).ok();
-    let w = BufWriter::new(s.try_clone().map_err(|e| e.to_string())?);
-    Ok((child, Client { r: BufReader::new(s), w, role }))
+    Ok((child, Client::connect(role, addr)?))
+}
+
+impl Client {
+    /// The controller's connection to the `role` node at `addr`.
+    fn connect(role: &'static str, addr: &str) -> Result<Client, String> {
+        let s = TcpStream::connect(addr).map_err(|e| format!("connecting to the {role} node at {addr}: {e}"))?;
+        s.set_nodelay(true).ok();
+        let w = BufWriter::new(s.try_clone().map_err(|e| e.to_string())?);
+        Ok(Client { r: BufReader::new(s), w, role })
+    }
 }
 
 /// An engine metric from a node (engine metrics are counts and sizes: never negative).
@@ -117,6 +128,30 @@ impl RemotePair {
             config,
             model,
             unfinished: false,
+            answer_every_request: false,
+        })
+    }
+
+    /// The router over nodes already running (a P/D deployment's proxy, `plateau serve --role
+    /// proxy`): the prefill node at `prefill`, the decode node (started with the prefill's
+    /// address as its peer) at `decode`. Nothing is spawned, and the nodes outlive the router.
+    pub fn connect(
+        prefill: &str,
+        decode: &str,
+        config: EngineConfig,
+        failure_fraction: f64,
+        seed: u64,
+    ) -> Result<Self, String> {
+        let model = config.model.config().map_err(|e| e.to_string())?;
+        Ok(RemotePair {
+            prefill: RefCell::new(Client::connect("prefill", prefill)?),
+            decode: RefCell::new(Client::connect("decode", decode)?),
+            children: Vec::new(),
+            router: Router::new(failure_fraction, seed),
+            config,
+            model,
+            unfinished: false,
+            answer_every_request: true,
         })
     }
 
@@ -158,11 +193,15 @@ impl System for RemotePair {
             Reply::Failed(m) => return Err(EngineError::Backend(format!("prefill node: {m}"))),
             other => return Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
         };
+        let mut ended_on_prefill = Vec::new();
         for o in outputs {
+            let kept = self.answer_every_request.then(|| o.clone());
             match self.router.route(o) {
-                Route::Ignore | Route::Drop => {}
+                Route::Drop => {}
+                Route::Ignore => ended_on_prefill.extend(kept),
                 Route::Done(id) => {
                     self.prefill.get_mut().call(&Call::Release { id, aborted: false })?;
+                    ended_on_prefill.extend(kept);
                 }
                 Route::Forward(orig, t) => {
                     let id = orig.id;
@@ -186,7 +225,7 @@ impl System for RemotePair {
             self.prefill.get_mut().call(&Call::Release { id, aborted })?;
         }
         self.unfinished = p_unfinished || d_unfinished || !self.router.originals.is_empty();
-        Ok(finished)
+        Ok(ended_on_prefill.into_iter().chain(finished).collect())
     }
 
     fn stage(&self, id: u64) -> Option<RequestStage> {
@@ -195,6 +234,12 @@ impl System for RemotePair {
             _ => None,
         };
         ask(&self.decode).or_else(|| ask(&self.prefill))
+    }
+
+    /// Partial tokens live in the decode node's process and are not fetched step by step: a
+    /// request served through the nodes streams whole when it ends.
+    fn generated(&self, _id: u64) -> Vec<(u32, Vec<u32>)> {
+        Vec::new()
     }
 
     fn abort(&mut self, id: u64) -> AbortOutcome {

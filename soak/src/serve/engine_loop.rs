@@ -1,4 +1,5 @@
-//! The engine thread behind `plateau serve`: the only place the engine lives.
+//! The engine thread behind `plateau serve`: the only place the engine lives (one engine, or a P/D
+//! proxy's router over its nodes: a [`System`] either way).
 //!
 //! Lifecycle: HTTP handlers send [`Command`]s through one bounded channel. The thread blocks on the
 //! channel while the engine is idle; while requests are in flight it drains what has arrived, aborts
@@ -9,14 +10,20 @@
 //! memory (`plateau_settled` says so in /metrics). Giving them back at every idle moment, rather
 //! than at one scrape in four as the in-process soak does, keeps the dirty set small and the
 //! allocator's own bookkeeping (`jemalloc.metadata`) level: at one purge per scrape, clean 200-
-//! iteration runs saw it creep by 25 B per iteration in 2 of 5 seeds. The engine core stays what it is everywhere else: one thread, no clock of its own (this
-//! thread's clock is passed to it), every draw from seeded RNGs.
+//! iteration runs saw it creep by 25 B per iteration in 2 of 5 seeds. A proxy's nodes are told to
+//! do the same. While a prefill node holds KV that may never be pulled, the thread keeps stepping
+//! between short waits, so the hold ends at its timeout. Sleep and wake commands (vLLM's control
+//! endpoints) run between steps, with nothing in flight. The engine core stays what it is
+//! everywhere else: one thread, no clock of its own (this thread's clock is passed to it), every
+//! draw from seeded RNGs.
 
 use std::collections::BTreeMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
-use plateau_engine::{Engine, Metric, Request, RequestOutput};
+use plateau_engine::{Metric, Request, RequestOutput};
+
+use crate::system::System;
 use tokio::sync::{mpsc, oneshot};
 
 /// Commands the engine thread takes from the first one waiting, this many per step at most: a
@@ -26,6 +33,10 @@ const COMMANDS_PER_STEP: usize = 256;
 /// How long the idle thread waits on its channel before looking again (it exits when every
 /// sender is gone).
 const IDLE_POLL: Duration = Duration::from_millis(200);
+
+/// How long the thread waits for a command while KV is held for a transfer that may never be
+/// pulled (a P/D system's prefill side): it steps between waits so the hold times out on time.
+const HELD_POLL: Duration = Duration::from_millis(10);
 
 /// What a handler asks of the engine thread.
 pub enum Command {
@@ -95,17 +106,19 @@ struct Live {
 }
 
 /// Runs the engine until every command sender is gone. Returns the engine's error, if it failed.
-pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String> {
+pub fn run(mut engine: Box<dyn System + Send>, commands: Receiver<Command>) -> Result<(), String> {
     let start = Instant::now();
     let mut live: BTreeMap<u64, Live> = BTreeMap::new();
     let mut next_id: u64 = 0;
     // Tags still asleep since the last sleep: empty while awake.
     let mut asleep: std::collections::BTreeSet<Tag> = std::collections::BTreeSet::new();
     loop {
-        let idle = live.is_empty() && !engine.has_unfinished();
+        let waiting = live.is_empty() && !engine.has_unfinished();
+        let held = waiting && engine.unsettled() > 0;
+        let idle = waiting && !held;
         for k in 0..COMMANDS_PER_STEP {
-            let cmd = if idle && k == 0 {
-                match commands.recv_timeout(IDLE_POLL) {
+            let cmd = if waiting && k == 0 {
+                match commands.recv_timeout(if idle { IDLE_POLL } else { HELD_POLL }) {
                     Ok(c) => c,
                     Err(RecvTimeoutError::Timeout) => break,
                     Err(RecvTimeoutError::Disconnected) => return Ok(()),
@@ -135,7 +148,7 @@ pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String
                     let r = engine.sleep(level).map_err(|e| e.to_string());
                     if r.is_ok() {
                         asleep.extend(Tag::ALL);
-                        release_pages();
+                        release_pages(engine.as_ref());
                     }
                     let _ = reply.send(r);
                 }
@@ -147,13 +160,13 @@ pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String
                             asleep.remove(&t);
                         }
                         let woke = if asleep.is_empty() { engine.wake().map_err(|e| e.to_string()) } else { Ok(()) };
-                        release_pages();
+                        release_pages(engine.as_ref());
                         woke
                     };
                     let _ = reply.send(r);
                 }
                 Command::IsSleeping { reply } => {
-                    let _ = reply.send(engine.is_asleep());
+                    let _ = reply.send(!asleep.is_empty());
                 }
                 Command::ResetPrefixCache { reply } => {
                     let _ = reply.send(engine.reset_prefix_cache().map_err(|e| e.to_string()));
@@ -181,21 +194,20 @@ pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String
                 engine.abort(id);
             }
         }
-        if !engine.has_unfinished() {
+        if !engine.has_unfinished() && !held {
             if idle {
                 continue;
             }
             // Outputs of requests aborted just now come out of the next step.
             if live.is_empty() {
-                release_pages();
+                release_pages(engine.as_ref());
                 continue;
             }
         }
-        engine.advance_time(start.elapsed().as_millis() as u64);
-        let outputs = engine.step().map_err(|e| format!("engine step: {e}"))?;
+        let outputs = engine.step(start.elapsed().as_millis() as u64).map_err(|e| format!("engine step: {e}"))?;
         for (&id, l) in live.iter_mut() {
             for (index, tokens) in engine.generated(id) {
-                send_new(l, index, tokens);
+                send_new(l, index, &tokens);
             }
         }
         for out in outputs {
@@ -210,7 +222,7 @@ pub fn run(mut engine: Engine, commands: Receiver<Command>) -> Result<(), String
             for (_, l) in std::mem::take(&mut live) {
                 let _ = l.events.try_send(Event::Refused("the engine ended the request without an output".into()));
             }
-            release_pages();
+            release_pages(engine.as_ref());
         }
     }
 }
@@ -227,10 +239,12 @@ fn send_new(l: &mut Live, index: u32, tokens: &[u32]) {
 
 /// This thread's allocator cache flushed and every unused dirty page returned: the server at rest
 /// holds only live memory, so the kernel's view of it (RSS) is comparable from one idle moment to
-/// the next (plateau's allocator keeps freed pages until told, see `probes::MALLOC_CONF`).
-fn release_pages() {
+/// the next (plateau's allocator keeps freed pages until told, see `probes::MALLOC_CONF`). A
+/// system whose engines run in node processes (a P/D proxy) has them do the same.
+fn release_pages(engine: &dyn System) {
     // Flushes this thread's cache too (Purge), so the engine's freed memory is counted freed.
     crate::probes::settle_allocator(crate::probes::Settle::Purge);
+    engine.sample_processes(crate::probes::Settle::Purge, &mut BTreeMap::new());
 }
 
 /// The capacity of a request's event channel: one event per generated token of each sequence at

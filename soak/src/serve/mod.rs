@@ -34,12 +34,19 @@ pub struct ServeOptions {
     pub host: String,
     /// Port to bind (`--port`); 0 picks a free one.
     pub port: u16,
+    /// The proxy of a P/D deployment (`--role proxy`): the prefill and decode nodes' addresses.
+    /// Requests go to the prefill node for their first token, then with their KV's transfer
+    /// parameters to the decode node, which pulls the KV over the nodes' TCP transport.
+    pub nodes: Option<(String, String)>,
 }
 
 /// Serves until interrupted (Ctrl-C) or killed. Returns when the server stops.
 pub fn serve(scenario: &Scenario, opts: &ServeOptions) -> Result<(), RunError> {
     let backend = opts.backend.clone().unwrap_or_else(|| scenario.engine.backend.clone());
-    let engine = build_engine(scenario, &backend, opts.injections.clone(), opts.seed)?;
+    let engine: Box<dyn crate::system::System + Send> = match &opts.nodes {
+        None => Box::new(build_engine(scenario, &backend, opts.injections.clone(), opts.seed)?),
+        Some((prefill, decode)) => Box::new(proxy(scenario, opts, prefill, decode)?),
+    };
     let model = format!("plateau-{}", scenario.engine.preset);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -71,6 +78,27 @@ pub fn serve(scenario: &Scenario, opts: &ServeOptions) -> Result<(), RunError> {
     let engine_result = engine_thread.join().map_err(|_| RunError::Harness("the engine thread panicked".into()))?;
     served.map_err(|e| RunError::Harness(format!("server: {e}")))?;
     engine_result.map_err(RunError::Harness)
+}
+
+/// The router of a P/D deployment over nodes already running, configured by the scenario's
+/// engine and `[pd]` sections as `run --pd-processes` configures its own, except that every
+/// request goes on to decode: the in-process router's simulated dead decode node (a seeded
+/// fraction of forwards dropped) would be a request with no answer here, which a client over HTTP
+/// cannot tell from a failing server. A decode node that really dies is the deployment's failure.
+fn proxy(
+    scenario: &Scenario,
+    opts: &ServeOptions,
+    prefill: &str,
+    decode: &str,
+) -> Result<crate::pd::remote::RemotePair, RunError> {
+    let pd = scenario
+        .pd
+        .as_ref()
+        .ok_or_else(|| RunError::Input(format!("--role proxy: scenario {} has no [pd] section", scenario.name)))?;
+    let mut config = scenario.engine_config(opts.injections.clone(), opts.seed);
+    config.kv_transfer_timeout_ms = pd.kv_transfer_timeout_ms;
+    crate::pd::remote::RemotePair::connect(prefill, decode, config, 0.0, opts.seed)
+        .map_err(|e| RunError::Harness(format!("--role proxy: {e}")))
 }
 
 /// Why `--host`/`--port` could not be bound, in the flags the user gave.
