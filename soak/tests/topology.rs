@@ -42,6 +42,8 @@ fn a_leak_on_the_decode_side_fails_the_decode_role_alone() {
         serde_json::from_str(&std::fs::read_to_string(out.join("verdict.json")).unwrap()).unwrap();
     let failing = failing(&v);
     assert!(!failing.is_empty() && failing.iter().all(|m| m.starts_with("decode.")), "{failing:?}");
+    // Memory outside the decode node's heap: its own figures, through the proxy's /metrics.
+    assert!(failing.contains(&"decode.target.proc.anon_outside_heap"), "{failing:?}");
     let summary = v["summary"].as_str().unwrap();
     assert!(summary.contains("the role that grew: decode (prefill pass, decode fail, proxy pass)"), "{summary}");
     for role in ["prefill", "decode", "proxy"] {

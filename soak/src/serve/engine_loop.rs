@@ -97,6 +97,17 @@ pub struct Snapshot {
     /// Whether nothing ran since unused pages were last given back: the process's memory is then
     /// its live memory.
     pub settled: bool,
+    /// A P/D proxy's nodes' own heap figures, role-prefixed (`decode.jemalloc.allocated`,
+    /// `decode.proc.anon_outside_heap`), with their specs: what a probe of the node's process
+    /// from outside cannot see. Empty for one engine, whose figures the handler reads itself.
+    pub nodes: BTreeMap<String, f64>,
+    pub node_specs: BTreeMap<String, plateau_reports::MetricSpec>,
+}
+
+/// Whether a node's own figure is one only the node can give: its allocator's, and its memory
+/// outside that heap (the kernel's view of its process is read from outside).
+fn node_only(name: &str) -> bool {
+    name.contains(".jemalloc.") || name.ends_with(".proc.anon_outside_heap")
 }
 
 /// One request in flight: where its events go and how many tokens each sequence has been sent.
@@ -179,11 +190,18 @@ pub fn run(mut engine: Box<dyn System + Send>, commands: Receiver<Command>) -> R
                         Some(Err(v)) => v.into_iter().map(|x| (x.metric, x.detail)).collect(),
                         _ => Vec::new(),
                     };
+                    let mut nodes = BTreeMap::new();
+                    engine.sample_processes(crate::probes::Settle::Flush, &mut nodes);
+                    nodes.retain(|k, _| node_only(k));
+                    let mut node_specs = engine.process_specs();
+                    node_specs.retain(|k, _| nodes.contains_key(k));
                     let _ = reply.send(Snapshot {
                         stats: engine.stats(),
                         in_flight: live.len() as u64,
                         idle_violations,
                         settled,
+                        nodes,
+                        node_specs,
                     });
                 }
             }

@@ -175,7 +175,9 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the engine's request queue is full or stopped");
     }
     let Ok(snap) = rx.await else { return error(StatusCode::INTERNAL_SERVER_ERROR, "the engine has stopped") };
-    let (heap, specs) = heap_figures();
+    let (mut heap, mut specs) = heap_figures();
+    heap.extend(snap.nodes.iter().map(|(k, v)| (k.clone(), *v)));
+    specs.extend(snap.node_specs.iter().map(|(k, v)| (k.clone(), v.clone())));
     let text = super::metrics::render(&snap, &heap, &specs);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
