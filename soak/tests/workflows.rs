@@ -6,8 +6,12 @@ mod commands;
 
 use commands::{check, invocations, load, root, shell_texts};
 
-const FILES: [&str; 3] =
-    [".github/workflows/ci.yml", ".github/workflows/nightly-soak.yml", "deploy/k8s/sim-sweep-indexed-job.yaml"];
+const FILES: [&str; 4] = [
+    ".github/workflows/ci.yml",
+    ".github/workflows/nightly-soak.yml",
+    "deploy/k8s/sim-sweep-indexed-job.yaml",
+    "action.yml",
+];
 
 #[test]
 fn workflows_parse_and_call_only_what_plateau_has() {
