@@ -55,6 +55,11 @@ pub(crate) enum Cmd {
     /// debugging, then fewer requests and iterations. Writes minimal.toml and story.md (what the
     /// leak needs, what does not matter).
     Shrink(cli::shrink::Args),
+    /// Find the commit that made a soak fail: each candidate between --good and --bad is checked
+    /// out in a scratch git worktree, built (--build) and soaked, bisecting to the first that
+    /// fails. Exit 0 with the commit named, 4 when skipped candidates leave a range, 2 on bad
+    /// input (a good end that fails, a bad end that passes), 3 when nothing could be judged.
+    Bisect(cli::bisect::Args),
     /// Property-test an engine over a scenario's features: random mixes of its phases and
     /// request features, each a short soak judged by the exact layer (registries and in-flight
     /// gauges back to zero at quiescence); the first failing mix is shrunk as `shrink` does.
@@ -89,6 +94,7 @@ fn dispatch(cli: Cli) -> u8 {
         Cmd::Report(a) => cli::report::main(a),
         Cmd::History(a) => cli::history::main(a),
         Cmd::Shrink(a) => cli::shrink::main(a),
+        Cmd::Bisect(a) => cli::bisect::main(a),
         Cmd::Fuzz(a) => cli::fuzz::main(a),
     }
 }

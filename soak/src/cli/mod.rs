@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use plateau_soak::driver::RunError;
 
 pub mod analyze;
+pub mod bisect;
 pub mod explain;
 pub mod fuzz;
 pub mod history;

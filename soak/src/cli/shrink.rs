@@ -31,7 +31,7 @@ pub struct Args {
 }
 
 /// The original run's command line, parsed as `plateau run` parses it.
-fn origin(run_dir: &std::path::Path) -> Result<Origin, String> {
+pub(crate) fn origin(run_dir: &std::path::Path) -> Result<Origin, String> {
     let path = run_dir.join(COMMAND_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| {
         format!("{}: {e} (is {} a run directory from this plateau?)", path.display(), run_dir.display())

@@ -1,0 +1,143 @@
+//! `plateau bisect`: the first commit whose soak fails, between a good and a bad one (the
+//! library's `bisect` module has the search).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use plateau_soak::bisect::{self, BisectError, BisectOptions};
+
+use super::{HARNESS, USAGE};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A failing run's directory: its command (or its shrunk minimal.toml, where the run was
+    /// shrunk) is the soak, with the repository's path in it made {worktree} and the target's
+    /// port {port}. Without it, give the soak after `--`.
+    run_dir: Option<PathBuf>,
+    /// The git repository to bisect (its checkout, index and HEAD are never touched: each
+    /// candidate is checked out in a scratch worktree).
+    #[arg(long)]
+    repo: PathBuf,
+    /// A commit whose soak passes (checked first).
+    #[arg(long)]
+    good: String,
+    /// A later commit whose soak fails (checked first).
+    #[arg(long)]
+    bad: String,
+    /// A shell command run in each candidate's worktree before its soak (a failed build skips
+    /// the candidate): `cargo build --release`, `pip install -e .`.
+    #[arg(long, value_name = "CMD")]
+    build: Option<String>,
+    /// Where bisect.json, story.md, report.html and each candidate's run go (default:
+    /// runs/bisect-TIME).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Candidates soaked at once (multi-section bisection), each on its own port.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    jobs: u16,
+    /// No line per candidate.
+    #[arg(long)]
+    quiet: bool,
+    /// The soak: `-- run SCENARIO ARGS...`, where {worktree} is the candidate's checkout and
+    /// {port} a free port of its own (for --target and --spawn).
+    #[arg(last = true, value_name = "RUN")]
+    command: Vec<String>,
+}
+
+pub fn main(a: Args) -> u8 {
+    let Args { run_dir, repo, good, bad, build, out, jobs, quiet, command } = a;
+    let command = match (run_dir, command.is_empty()) {
+        (Some(_), false) => {
+            eprintln!("plateau: bisect takes a run directory or a soak after --, not both");
+            return USAGE;
+        }
+        (None, true) => {
+            eprintln!("plateau: bisect needs the soak: `-- run SCENARIO ARGS...` (or a failing run's directory)");
+            return USAGE;
+        }
+        (None, false) => command,
+        (Some(dir), true) => match command_of(&dir, &repo) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("plateau: {e}");
+                return USAGE;
+            }
+        },
+    };
+    let plateau = match super::own_exe() {
+        Ok(e) => e,
+        Err(code) => return code,
+    };
+    let interrupt = Arc::new(AtomicBool::new(false));
+    if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&interrupt)) {
+        eprintln!("plateau: warning: Ctrl-C will end the bisect without its outputs: {e}");
+    }
+    let out = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("bisect-{}", super::timestamp())));
+    let o = BisectOptions { repo, good, bad, build, out, jobs: jobs as usize, command, plateau, interrupt, quiet };
+    match bisect::bisect(&o) {
+        Ok(r) => {
+            match &r.first_bad {
+                Some(sha) => eprintln!("plateau: first bad commit: {sha}"),
+                None if r.interrupted => eprintln!("plateau: interrupted: no first bad commit named"),
+                None => eprintln!(
+                    "plateau: skipped candidates leave a range: the first bad commit is one of {}",
+                    r.range.iter().map(|c| bisect::short(c)).collect::<Vec<_>>().join(", ")
+                ),
+            }
+            let soaked = r.candidates.iter().filter(|c| c.skipped.is_none()).count();
+            let skipped = r.candidates.len() - soaked;
+            eprintln!(
+                "plateau: {soaked} soaked, {skipped} skipped, in {:.0} s; bisect.json, story.md and report.html in {}",
+                r.wall_s,
+                o.out.display()
+            );
+            r.exit_code
+        }
+        Err(BisectError::Input(m)) => {
+            eprintln!("plateau: {m}");
+            USAGE
+        }
+        Err(BisectError::Harness(m)) => {
+            eprintln!("plateau: {m}");
+            HARNESS
+        }
+    }
+}
+
+/// The soak of a failing run, for each candidate: its scenario (or the shrunk minimal.toml), seed,
+/// length and flags, the repository's path made {worktree} and the target's port {port}.
+fn command_of(run_dir: &Path, repo: &Path) -> Result<Vec<String>, String> {
+    let origin = super::shrink::origin(run_dir)?;
+    let verdict: serde_json::Value = std::fs::read_to_string(run_dir.join("verdict.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .ok_or_else(|| format!("{}: no verdict.json (is it a run directory?)", run_dir.display()))?;
+    let top = bisect::git::toplevel(repo)?;
+    let top = top.display().to_string();
+    let in_worktree = |s: &str| s.replace(&top, "{worktree}");
+    let minimal = run_dir.join("shrink").join("minimal.toml");
+    let scenario = if minimal.is_file() { minimal.display().to_string() } else { in_worktree(&origin.scenario) };
+    let mut c = vec!["run".to_string(), scenario];
+    if let Some(seed) = verdict["seed"].as_u64() {
+        c.extend(["--seed".to_string(), seed.to_string()]);
+    }
+    if let Some(n) = verdict["iterations"].as_u64().filter(|_| !minimal.is_file()) {
+        c.extend(["--iterations".to_string(), n.to_string()]);
+    }
+    // The flags as the run was given them (injections, warm-up, tolerance, the target's settings).
+    c.extend(origin.flags.iter().map(|f| in_worktree(f)));
+    if let Some(url) = &origin.target {
+        let port =
+            url.rsplit_once(':').map(|p| p.1.trim_end_matches('/')).filter(|p| p.bytes().all(|b| b.is_ascii_digit()));
+        let spawn = origin.spawn.as_deref().map(in_worktree);
+        match (port, spawn) {
+            (Some(p), Some(s)) if s.contains(p) => {
+                c.extend(["--target".into(), url.replace(p, "{port}"), "--spawn".into(), s.replace(p, "{port}")]);
+            }
+            (_, Some(s)) => c.extend(["--target".into(), url.clone(), "--spawn".into(), s]),
+            (_, None) => c.extend(["--target".into(), url.clone()]),
+        }
+    }
+    Ok(c)
+}
