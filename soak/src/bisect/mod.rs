@@ -100,8 +100,7 @@ pub struct Report {
 /// Checks the input and lists the candidates (step 1 and 2): the good and bad commits' ids and
 /// the candidates, oldest first.
 pub fn plan(o: &BisectOptions) -> Result<(PathBuf, String, String, Vec<String>), BisectError> {
-    let input = BisectError::Input;
-    let top = git::toplevel(&o.repo).map_err(input)?;
+    let top = git::toplevel(&o.repo).map_err(BisectError::Input)?;
     let good = git::commit(&top, "--good", &o.good).map_err(BisectError::Input)?;
     let bad = git::commit(&top, "--bad", &o.bad).map_err(BisectError::Input)?;
     if good == bad {

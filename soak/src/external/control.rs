@@ -75,70 +75,86 @@ impl Control {
             self.lack("sleep and wake", why);
             return Ok(());
         }
-        match self.found.dialect {
-            Dialect::Vllm => self.vllm(s).await,
-            Dialect::Sglang => self.sglang(s).await,
+        let vllm = match self.found.dialect {
+            Dialect::Vllm => true,
+            Dialect::Sglang => false,
             Dialect::LlamaCpp | Dialect::OpenAi => unreachable!("no_sleep is set for dialects without sleep"),
-        }
-    }
-
-    async fn vllm(&mut self, s: &Sleep) -> Result<(), RunError> {
-        let t = Instant::now();
-        self.post(&format!("/sleep?level={}", s.level), None).await?;
-        self.until_sleeping(true).await?;
-        self.took("sleep", t);
-        let t = Instant::now();
-        self.post("/wake_up?tags=weights", None).await?;
-        self.took("wake weights", t);
+        };
+        // The dialect's calls for each step of the module's sequence.
+        let (sleep, wake_weights, wake_kv, reset) = if vllm {
+            let sleep = (format!("/sleep?level={}", s.level), None);
+            (sleep, ("/wake_up?tags=weights", None), ("/wake_up?tags=kv_cache", None), "/reset_prefix_cache")
+        } else {
+            let tags: &[&str] = if s.level >= 2 { &["kv_cache", "weights"] } else { &["kv_cache"] };
+            let resume = |tag: &str| Some(json!({ "tags": [tag] }));
+            let sleep = ("/release_memory_occupation".to_string(), Some(json!({ "tags": tags })));
+            (
+                sleep,
+                ("/resume_memory_occupation", resume("weights")),
+                ("/resume_memory_occupation", resume("kv_cache")),
+                "/flush_cache",
+            )
+        };
+        self.timed_until("sleep", &sleep.0, sleep.1, true).await?;
+        self.timed("wake weights", wake_weights.0, wake_weights.1).await?;
         if s.update_weights {
-            self.lack(
-                "weight update",
-                "vLLM serves no weight update over HTTP (RL trainers send weights over NCCL or collective_rpc)".into(),
-            );
+            if vllm {
+                self.lack(
+                    "weight update",
+                    "vLLM serves no weight update over HTTP (RL trainers send weights over NCCL or collective_rpc)"
+                        .into(),
+                );
+            } else {
+                self.update_weights().await?;
+            }
         }
-        let t = Instant::now();
-        self.post("/wake_up?tags=kv_cache", None).await?;
-        self.until_sleeping(false).await?;
-        self.took("wake kv_cache", t);
+        self.timed_until("wake kv_cache", wake_kv.0, wake_kv.1, false).await?;
         if s.reset_prefix_cache {
-            let t = Instant::now();
-            self.post("/reset_prefix_cache", None).await?;
-            self.took("reset prefix cache", t);
+            self.timed("reset prefix cache", reset, None).await?;
         }
         Ok(())
     }
 
-    async fn sglang(&mut self, s: &Sleep) -> Result<(), RunError> {
-        let tags: &[&str] = if s.level >= 2 { &["kv_cache", "weights"] } else { &["kv_cache"] };
+    /// SGLang's weight update from disk, with the server's own model path.
+    async fn update_weights(&mut self) -> Result<(), RunError> {
+        let path = self.found.model_path.clone().unwrap_or_else(|| self.model.clone());
         let t = Instant::now();
-        self.post("/release_memory_occupation", Some(json!({ "tags": tags }))).await?;
-        self.until_released(true).await?;
-        self.took("sleep", t);
-        let t = Instant::now();
-        self.post("/resume_memory_occupation", Some(json!({"tags": ["weights"]}))).await?;
-        self.took("wake weights", t);
-        if s.update_weights {
-            let path = self.found.model_path.clone().unwrap_or_else(|| self.model.clone());
-            let t = Instant::now();
-            let answer = self.post("/update_weights_from_disk", Some(json!({ "model_path": path }))).await?;
-            if answer.get("success").and_then(Value::as_bool) == Some(false) {
-                return Err(RunError::Harness(format!(
-                    "POST {}/update_weights_from_disk (model_path {path}) answered success false: {}",
-                    self.base,
-                    answer.get("message").and_then(Value::as_str).unwrap_or("no message")
-                )));
-            }
-            self.took("update weights", t);
+        let answer = self.post("/update_weights_from_disk", Some(json!({ "model_path": path }))).await?;
+        if answer.get("success").and_then(Value::as_bool) == Some(false) {
+            return Err(RunError::Harness(format!(
+                "POST {}/update_weights_from_disk (model_path {path}) answered success false: {}",
+                self.base,
+                answer.get("message").and_then(Value::as_str).unwrap_or("no message")
+            )));
         }
+        self.took("update weights", t);
+        Ok(())
+    }
+
+    /// One call, timed.
+    async fn timed(&mut self, call: &'static str, path: &str, body: Option<Value>) -> Result<(), RunError> {
         let t = Instant::now();
-        self.post("/resume_memory_occupation", Some(json!({"tags": ["kv_cache"]}))).await?;
-        self.until_released(false).await?;
-        self.took("wake kv_cache", t);
-        if s.reset_prefix_cache {
-            let t = Instant::now();
-            self.post("/flush_cache", None).await?;
-            self.took("reset prefix cache", t);
+        self.post(path, body).await?;
+        self.took(call, t);
+        Ok(())
+    }
+
+    /// One call that puts the engine to sleep (`asleep`) or wakes it, timed to the moment the
+    /// server reports that state.
+    async fn timed_until(
+        &mut self,
+        call: &'static str,
+        path: &str,
+        body: Option<Value>,
+        asleep: bool,
+    ) -> Result<(), RunError> {
+        let t = Instant::now();
+        self.post(path, body).await?;
+        match self.found.dialect {
+            Dialect::Vllm => self.until_sleeping(asleep).await?,
+            _ => self.until_released(asleep).await?,
         }
+        self.took(call, t);
         Ok(())
     }
 
