@@ -140,11 +140,21 @@ fn mapping_name(p: &MMapPath) -> String {
     }
 }
 
-/// The process's mappings at the first quiescent point after warm-up and at the end of the run.
+/// The process's mappings at the first quiescent point after warm-up and at the end of the run;
+/// for a deployment (`--topology`), each role's process's too, under its role.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Snapshots {
     pub start_iter: u64,
     pub end_iter: u64,
+    pub start: Vec<Mapping>,
+    pub end: Vec<Mapping>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub roles: BTreeMap<String, RoleMaps>,
+}
+
+/// One role's process's mappings at the same two moments as the run's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RoleMaps {
     pub start: Vec<Mapping>,
     pub end: Vec<Mapping>,
 }
@@ -161,6 +171,29 @@ pub struct GrownRange {
 }
 
 impl Snapshots {
+    /// Puts each role's mappings into the snapshot `which` picks (its start or its end).
+    pub fn set_roles(
+        &mut self,
+        maps: BTreeMap<String, Vec<Mapping>>,
+        which: impl Fn(&mut RoleMaps) -> &mut Vec<Mapping>,
+    ) {
+        for (role, m) in maps {
+            *which(self.roles.entry(role).or_default()) = m;
+        }
+    }
+
+    /// One role's process's snapshots, as those of a run of its own.
+    fn of_role(&self, role: &str) -> Option<Snapshots> {
+        let r = self.roles.get(role)?;
+        Some(Snapshots {
+            start_iter: self.start_iter,
+            end_iter: self.end_iter,
+            start: r.start.clone(),
+            end: r.end.clone(),
+            roles: BTreeMap::new(),
+        })
+    }
+
     /// Ranges mapped at the end that were not (wholly) mapped at the start, largest growth first.
     /// Adjacent anonymous mappings with the same permissions are merged by the kernel, so a leak
     /// of many mappings can show as one range that grew.
@@ -217,12 +250,45 @@ impl Snapshots {
 /// Adds to a verdict whose outside-heap levels fail the mapping that grew (name, permissions,
 /// range, bytes per iteration) and, where the project mapped it, the lines that did with their
 /// bytes per iteration (as the failing metrics' `sites`).
+/// For a deployment, each role whose outside-heap levels fail is named from its own process's
+/// snapshots (`decode.target.proc.anon_outside_heap` from the decode process's mappings).
 pub fn name_grown(snap: &Snapshots, v: &mut Verdict) {
-    const MIB: f64 = 1024.0 * 1024.0;
-    let outside = |l: &str| l.starts_with("outside the heap") || l.starts_with("process memory (no allocator");
-    if !v.metrics.iter().any(|m| m.status == Status::Fail && m.location.as_deref().is_some_and(outside)) {
-        return;
+    let failing_roles: std::collections::BTreeSet<Option<&str>> = v
+        .metrics
+        .iter()
+        .filter(|m| m.status == Status::Fail && m.location.as_deref().is_some_and(outside))
+        .map(|m| role_of(&m.name, snap))
+        .collect();
+    for role in failing_roles {
+        match role {
+            None => name_grown_in(snap, None, v),
+            Some(r) => {
+                if let Some(s) = snap.of_role(r) {
+                    name_grown_in(&s, Some(r), v);
+                }
+            }
+        }
     }
+}
+
+/// Whether a failing metric's location says it is memory outside an allocator's heap.
+fn outside(location: &str) -> bool {
+    location.starts_with("outside the heap") || location.starts_with("process memory (no allocator")
+}
+
+/// The deployment role a metric is about (`decode.target.proc.rss` is the decode role's), if any.
+fn role_of<'a>(metric: &str, snap: &'a Snapshots) -> Option<&'a str> {
+    snap.roles.keys().map(String::as_str).find(|r| metric.strip_prefix(r).is_some_and(|t| t.starts_with('.')))
+}
+
+/// Names the growth of one process's snapshots (`role`'s, or the run's own) on the failing
+/// outside-heap metrics about it.
+fn name_grown_in(snap: &Snapshots, role: Option<&str>, v: &mut Verdict) {
+    const MIB: f64 = 1024.0 * 1024.0;
+    let about = |name: &str| match role {
+        Some(r) => name.strip_prefix(r).is_some_and(|t| t.starts_with('.')),
+        None => role_of(name, snap).is_none(),
+    };
     let grown = snap.grown();
     let Some(g) = grown.first() else { return };
     let iters = snap.end_iter.saturating_sub(snap.start_iter).max(1) as f64;
@@ -258,14 +324,16 @@ pub fn name_grown(snap: &Snapshots, v: &mut Verdict) {
         .map(|s| format!("{}/iteration mapped at {}", fmt(s.bytes_per_iter.unwrap_or(0.0)), s.place()))
         .collect();
     let in_target = v.metrics.iter().any(|m| m.status == Status::Fail && m.name.starts_with("target."));
-    if in_target {
+    if let Some(r) = role {
+        line.push_str(&format!(" in the {r} process (see mappings.json, roles.{r})"));
+    } else if in_target {
         line.push_str(" in the target server's process (see mappings.json)");
     } else if said.is_empty() {
         line.push_str("; none of it mapped by plateau's own code (a library's mapping: see mappings.json)");
     } else {
         line.push_str(&format!("; plateau's own mappings still mapped: {}", said.join(", ")));
     }
-    for m in v.metrics.iter_mut().filter(|m| m.status == Status::Fail) {
+    for m in v.metrics.iter_mut().filter(|m| m.status == Status::Fail && about(&m.name)) {
         if let Some(l) = m.location.as_mut().filter(|l| outside(l)) {
             l.push_str(&format!("; growing mapping: {name}"));
             if let Some(top) = sites.first() {
@@ -302,6 +370,7 @@ mod tests {
                 map("anonymous", 0x1000, 0x6000, vec![at(10, 0x1000), at(20, 0x3000)]),
                 map("/dev/shm/x", 0x10000, 0x1000, vec![]),
             ],
+            roles: BTreeMap::new(),
         };
         let g = snap.grown();
         assert_eq!(g.len(), 2);

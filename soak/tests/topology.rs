@@ -46,6 +46,18 @@ fn a_leak_on_the_decode_side_fails_the_decode_role_alone() {
     assert!(failing.contains(&"decode.target.proc.anon_outside_heap"), "{failing:?}");
     let summary = v["summary"].as_str().unwrap();
     assert!(summary.contains("the role that grew: decode (prefill pass, decode fail, proxy pass)"), "{summary}");
+    // The mapping that grew, from the decode process's own snapshots.
+    let attribution = v["attribution"].to_string();
+    assert!(attribution.contains("in the decode process (see mappings.json, roles.decode)"), "{attribution}");
+    let maps: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("mappings.json")).unwrap()).unwrap();
+    for role in ["prefill", "decode", "proxy"] {
+        assert!(maps["roles"][role]["end"].as_array().is_some_and(|m| !m.is_empty()), "{role}'s mappings");
+    }
+    // plateau's nodes bring their own allocator: said for the role, nothing replayed.
+    let kinds: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("servers.json")).unwrap()).unwrap();
+    assert_eq!(kinds["decode"]["kind"], "own_allocator", "{kinds}");
     for role in ["prefill", "decode", "proxy"] {
         assert!(out.join(format!("target-{role}.log")).exists(), "{role}'s log");
     }

@@ -346,17 +346,48 @@ fn assert_names(o: &Output, d: &Path, function: &str) {
     assert!(d.join("growth.pb.gz").exists() && d.join("growth.svg").exists());
 }
 
+/// A deployment of two Python servers, requests going to the decode one: the decode role's
+/// process memory fails, and the profiled replay starts the deployment again with that process
+/// alone under memray, which names its leaking function.
 #[test]
 #[cfg_attr(not(plateau_memray), ignore = "memray is not installed for python3 (python3 -m pip install memray)")]
-fn a_python_servers_leaking_function_is_named_by_memray() {
-    let dir = tmp("python-server-src");
+fn a_deployments_role_that_grew_is_replayed_alone_under_the_profiler() {
+    let dir = tmp("deployment-src");
     std::fs::create_dir_all(&dir).unwrap();
     let script = dir.join("server.py");
     std::fs::write(&script, PYTHON_SERVER).unwrap();
-    let (o, d) = soak_server("python-server", &format!("python3 {} {{port}}", script.display()));
-    assert_names(&o, &d, "remember_prompt");
-    let server: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("server.json")).unwrap()).unwrap();
-    assert_eq!(server["kind"], "python");
+    let topology = dir.join("pd.toml");
+    let process = |role: &str| {
+        format!(
+            "[[process]]\nrole = \"{role}\"\nport = \"{role}\"\nspawn = \"python3 {} {{port:{role}}}\"\nhealth = \"http://127.0.0.1:{{port:{role}}}/health\"\n",
+            script.display()
+        )
+    };
+    let text = format!("url = \"http://127.0.0.1:{{port:decode}}\"\n{}{}", process("prefill"), process("decode"));
+    std::fs::write(&topology, text).unwrap();
+    let d = tmp("deployment");
+    let args = ["run", "n-sampling", "--iterations", "60", "--concurrency", "4", "--quiet", "--topology"];
+    let o = plateau(&[&args[..], &[topology.to_str().unwrap(), "--out", d.to_str().unwrap()]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v = verdict(&d);
+    let named: Vec<(&str, &serde_json::Value)> = v["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["sites"].as_array().into_iter().flatten().map(move |s| (m["name"].as_str().unwrap(), s)))
+        .collect();
+    assert!(
+        named.iter().any(|(m, s)| m.starts_with("decode.target.proc.") && s["function"] == "remember_prompt"),
+        "the decode role's gauge names no remember_prompt: {named:?}\n{}",
+        stderr(&o)
+    );
+    assert!(named.iter().all(|(m, _)| !m.starts_with("prefill.")), "{named:?}");
+    let kinds: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("servers.json")).unwrap()).unwrap();
+    assert_eq!((kinds["prefill"]["kind"].as_str(), kinds["decode"]["kind"].as_str()), (Some("python"), Some("python")));
+    // Only the decode process ran under memray in the replay.
+    let growth: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("growth.json")).unwrap()).unwrap();
+    let command = growth.to_string();
+    assert!(command.contains("--spawn-env decode:PYTHONPATH=") && !command.contains("prefill:"), "{command}");
 }
 
 #[test]

@@ -37,8 +37,9 @@ pub struct ExternalArgs {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096), help_heading = "External target")]
     concurrency: u64,
     /// Seconds the server may take to answer `GET /v1/models` (a spawned one: to start and
-    /// answer); past it the run stops with exit 3. Default: 600 with --spawn (a server loading
-    /// its model), 60 for a server already running (--pid, or none), which should answer at once.
+    /// answer); past it the run stops with exit 3. Default: 600 with --spawn or --topology (a
+    /// server loading its model; each process of a deployment), 60 for a server already running
+    /// (--pid, or none), which should answer at once.
     #[arg(long, help_heading = "External target")]
     ready_timeout_s: Option<u64>,
     /// Milliseconds to wait, after the last request, for the server's in-flight gauges to read zero.
@@ -48,8 +49,9 @@ pub struct ExternalArgs {
     #[arg(long, default_value_t = 300, help_heading = "External target")]
     request_timeout_s: u64,
     /// Environment for the spawned server only, KEY=VALUE (repeatable): what a profiled replay
-    /// preloads into it, or your own settings.
-    #[arg(long, value_name = "KEY=VALUE", requires = "spawn", value_parser = parse_env, help_heading = "External target")]
+    /// preloads into it, or your own settings. With --topology, KEY=VALUE is for every process
+    /// and ROLE:KEY=VALUE for that role's process alone.
+    #[arg(long, value_name = "KEY=VALUE", value_parser = parse_env, help_heading = "External target")]
     spawn_env: Vec<(String, String)>,
     /// The server's dialect for sleep phases: vllm, sglang, llamacpp or openai. Default: found
     /// from what it answers (GET /is_sleeping: vLLM in dev mode; GET /get_server_info: SGLang;
@@ -78,11 +80,18 @@ const RUNNING_READY_S: u64 = 60;
 impl ExternalArgs {
     /// `--ready-timeout-s`, or its default for a spawned or a running server.
     fn ready_timeout_s(&self) -> u64 {
-        self.ready_timeout_s.unwrap_or(if self.spawn.is_some() { SPAWN_READY_S } else { RUNNING_READY_S })
+        let starts = self.spawn.is_some() || self.topology.is_some();
+        self.ready_timeout_s.unwrap_or(if starts { SPAWN_READY_S } else { RUNNING_READY_S })
     }
 
-    /// What a profiled replay of this run needs: the target and the flags to pass on as given.
-    fn replay_of<'a>(&'a self, url: &'a str) -> super::sites::ServerRun<'a> {
+    /// What a profiled replay of this run needs: what it started (a server from its command, a
+    /// deployment with `roles` and the run's `injections`) and the flags to pass on as given.
+    fn replay_of<'a>(
+        &'a self,
+        url: &'a str,
+        roles: Vec<String>,
+        injections: Vec<String>,
+    ) -> super::sites::ServerRun<'a> {
         let mut args = vec![
             "--concurrency".to_string(),
             self.concurrency.to_string(),
@@ -99,18 +108,31 @@ impl ExternalArgs {
         if let Some(d) = self.dialect {
             args.extend(["--dialect".to_string(), d.name().to_string()]);
         }
-        super::sites::ServerRun { url, spawn: self.spawn.as_deref(), target_args: args }
+        use super::sites::Started;
+        let started = match (&self.topology, &self.spawn) {
+            (Some(topology), _) => Started::Deployment { topology, injections, roles },
+            (None, Some(spawn)) => Started::Server { url, spawn },
+            (None, None) => Started::Nothing,
+        };
+        super::sites::ServerRun { started, target_args: args }
     }
 }
 
-/// KEY=VALUE, with a key a shell would take.
+/// KEY=VALUE, with a key a shell would take, or ROLE:KEY=VALUE (one process of a deployment).
 fn parse_env(s: &str) -> Result<(String, String), String> {
-    let (k, v) = s.split_once('=').ok_or_else(|| format!("`{s}`: write KEY=VALUE"))?;
-    if k.is_empty()
-        || !k.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
-        || k.starts_with(|c: char| c.is_ascii_digit())
+    let (k, v) = s.split_once('=').ok_or_else(|| format!("`{s}`: write KEY=VALUE or ROLE:KEY=VALUE"))?;
+    let (role, key) = match k.split_once(':') {
+        Some((r, key)) => (Some(r), key),
+        None => (None, k),
+    };
+    if role.is_some_and(|r| r.is_empty()) {
+        return Err(format!("`{k}`: ROLE:KEY names a role before the colon"));
+    }
+    if key.is_empty()
+        || !key.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
+        || key.starts_with(|c: char| c.is_ascii_digit())
     {
-        return Err(format!("`{k}` is not an environment variable's name"));
+        return Err(format!("`{key}` is not an environment variable's name"));
     }
     Ok((k.to_string(), v.to_string()))
 }
@@ -166,7 +188,9 @@ pub struct Args {
     /// Replay the run with a heap profiler and name the allocation sites of its heap growth
     /// (growth.txt, growth.pb.gz, growth.svg), even if the heap did not fail: jemalloc's for
     /// plateau's engine; with --target --spawn, memray for a Python server or a preloaded
-    /// jemalloc for a native one. A heap that fails is always replayed.
+    /// jemalloc for a native one; with --topology, the deployment started again with the
+    /// process of the role that grew most under that profiler. A heap that fails is always
+    /// replayed (a deployment: the first role whose process memory failed).
     #[arg(long)]
     profile: bool,
     /// The profiled replay's own side (set by plateau for the child it runs): mark the heap at
@@ -222,6 +246,10 @@ pub fn main(a: Args) -> u8 {
             return USAGE;
         }
     };
+    if !external.spawn_env.is_empty() && external.spawn.is_none() && external.topology.is_none() {
+        eprintln!("plateau: --spawn-env is the environment of a server plateau starts: give --spawn \"CMD\" or --topology FILE");
+        return USAGE;
+    }
     if external.dialect.is_some() && external.target.is_none() && external.topology.is_none() {
         eprintln!("plateau: --dialect names an external server's dialect: give --target URL or --topology FILE");
         return USAGE;
@@ -313,11 +341,7 @@ pub fn main(a: Args) -> u8 {
                 eprintln!("plateau: --target: --pd-processes and --backend apply to plateau's own engine only");
                 return USAGE;
             }
-            if profile && topology.is_some() {
-                eprintln!("plateau: --topology --profile: a profiled replay starts one server under a profiler, not a deployment; soak the role alone with --target and --spawn");
-                return USAGE;
-            }
-            if profile && external.spawn.is_none() {
+            if profile && external.spawn.is_none() && topology.is_none() {
                 eprintln!("plateau: --target --profile: the profiled replay starts a fresh server under a profiler; give the command with --spawn \"CMD\"");
                 return USAGE;
             }
@@ -347,13 +371,11 @@ pub fn main(a: Args) -> u8 {
             let named = match &target_url {
                 _ if no_replay => None,
                 None => super::sites::heap_sites(&mut r, &opts, profile),
-                Some(_) if topology.is_some() => {
-                    if r.verdict.failed() {
-                        eprintln!("plateau: no profiled replay for a --topology run: replays start one server under a profiler, not a deployment; soak the role that grew alone with --target and --spawn to name its line");
-                    }
-                    None
+                Some(url) => {
+                    let roles = topology.iter().flat_map(|t| t.processes.iter().map(|p| p.role.clone())).collect();
+                    let server = external.replay_of(url, roles, r.verdict.injections.clone());
+                    super::sites::server_sites(&mut r, &opts, &server, profile)
                 }
-                Some(url) => super::sites::server_sites(&mut r, &opts, &external.replay_of(url), profile),
             };
             if let Some(code) = named {
                 return code;

@@ -5,7 +5,7 @@
 use plateau_reports::Status;
 use plateau_soak::analysis::describe;
 use plateau_soak::driver::{self, RunOptions};
-use plateau_soak::external::profile::{ExternalReplay, ServerKind};
+use plateau_soak::external::profile::{ExternalReplay, Launch, ServerKind};
 use plateau_soak::heapprof::GrowthRecord;
 
 use super::HARNESS;
@@ -83,19 +83,30 @@ fn window_rate(dir: &std::path::Path, metric: &str, start: u64, end: u64) -> Opt
 
 /// The external target of a run, as a profiled replay needs it.
 pub struct ServerRun<'a> {
-    pub url: &'a str,
-    /// The command that started the server (None: it was given by --pid).
-    pub spawn: Option<&'a str>,
+    pub started: Started<'a>,
     /// The run's other target flags, passed on to the replay as given.
     pub target_args: Vec<String>,
 }
 
+/// What an external run started.
+pub enum Started<'a> {
+    /// Nothing: the server was given by --pid (or by its URL alone).
+    Nothing,
+    /// One server, from its command (`--spawn`).
+    Server { url: &'a str, spawn: &'a str },
+    /// A deployment (`--topology`): its file, the run's injections (its `{inject}`), its roles in
+    /// start order.
+    Deployment { topology: &'a std::path::Path, injections: Vec<String>, roles: Vec<String> },
+}
+
 /// The server's process memory gauges a profiled replay explains, in order of preference: memory
-/// that is the program's own (anonymous), then all of it.
+/// that is the program's own (anonymous), then all of it. A deployment's are under each role
+/// (`decode.target.proc.rss_anon`).
 const SERVER_MEMORY: [&str; 3] = ["target.proc.rss_anon", "target.proc.rss", "target.proc.anon_bytes"];
 
 /// After a run against a server whose process memory failed (or with --profile): a profiled
-/// replay against a fresh server plateau starts (`--spawn`), which names the allocating lines.
+/// replay against a fresh server plateau starts (`--spawn`), which names the allocating lines;
+/// for a deployment, the deployment started again with the role that grew under the profiler.
 /// Why nothing could be named (a server given by --pid, one with its own allocator, no profiler
 /// installed) goes into the verdict instead. Some(exit code) when the verdict could not be drawn
 /// again.
@@ -103,10 +114,30 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
     if opts.profile_window.is_some() || r.interrupted {
         return None;
     }
+    // Each process's gauges, by scope: the one server's, or each role's.
+    let scopes: Vec<Option<&str>> = match &server.started {
+        Started::Deployment { roles, .. } => roles.iter().map(|r| Some(r.as_str())).collect(),
+        _ => vec![None],
+    };
+    let name_in = |scope: Option<&str>, n: &str| scope.map_or_else(|| n.to_string(), |r| format!("{r}.{n}"));
     let gauge = |name: &str| r.verdict.metrics.iter().find(|m| m.name == name && m.trend.is_some());
-    let failing = SERVER_MEMORY.iter().find_map(|n| gauge(n).filter(|m| m.status == Status::Fail));
-    let m = failing.or_else(|| if profile { SERVER_MEMORY.iter().find_map(|n| gauge(n)) } else { None })?;
-    let (metric, slope) = (m.name.clone(), m.trend.as_ref().map_or(0.0, |t| t.slope_per_iter));
+    // The first role (in start order) with a failing gauge, its most telling one; with --profile
+    // and none failing, the preferred gauge of the process that grew most.
+    let failing = scopes.iter().find_map(|&sc| {
+        SERVER_MEMORY.iter().find_map(|n| gauge(&name_in(sc, n)).filter(|m| m.status == Status::Fail).map(|m| (sc, m)))
+    });
+    let slope = |m: &plateau_reports::MetricVerdict| m.trend.as_ref().map_or(0.0, |t| t.slope_per_iter);
+    let chosen = failing.or_else(|| {
+        if !profile {
+            return None;
+        }
+        scopes
+            .iter()
+            .filter_map(|&sc| SERVER_MEMORY.iter().find_map(|n| gauge(&name_in(sc, n))).map(|m| (sc, m)))
+            .max_by(|a, b| slope(a.1).total_cmp(&slope(b.1)))
+    });
+    let (scope, m) = chosen?;
+    let (metric, slope) = (m.name.clone(), slope(m));
     // A server's process memory is weighed against its live heap where it still grew: the run's
     // last iterations, after any cache filled (its profiler starts with the server).
     let (start, end) = replay_window(r.verdict.warmup_iterations, r.iterations, Some(r.iterations));
@@ -117,13 +148,20 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
         note: Some(why),
         ..GrowthRecord::default()
     };
-    let record = match (server.spawn, read_kind(&r.out_dir)) {
+    let launch = match &server.started {
+        Started::Nothing => None,
+        Started::Server { url, spawn } => Some(Launch::Server { url, spawn }),
+        Started::Deployment { topology, injections, .. } => {
+            Some(Launch::Role { topology, injections, role: scope.unwrap_or_default() })
+        }
+    };
+    let record = match (launch, read_kind(&r.out_dir, scope)) {
         _ if end <= start => note("the run ended within its warm-up: no window to replay".into()),
         (None, _) => note(
             "the server was given by --pid: a profiled replay starts a fresh server under a profiler, so give its command with --spawn to name the allocating line".into(),
         ),
         (Some(_), Err(e)) => note(e),
-        (Some(spawn), Ok(kind)) => {
+        (Some(launch), Ok(kind)) => {
             let exe = match std::env::current_exe() {
                 Ok(e) => e,
                 Err(e) => {
@@ -135,8 +173,7 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
                 exe: &exe,
                 scenario: &opts.scenario_source,
                 seed: r.verdict.seed,
-                url: server.url,
-                spawn,
+                launch: &launch,
                 target_args: server.target_args.clone(),
                 start_iter: start,
                 end_iter: end,
@@ -147,16 +184,17 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
                 kind: &kind,
                 also: SERVER_MEMORY
                     .iter()
-                    .filter(|n| **n != metric && gauge(n).is_some())
-                    .map(|n| n.to_string())
+                    .map(|n| name_in(scope, n))
+                    .filter(|n| *n != metric && gauge(n).is_some())
                     .collect(),
             };
             if !matches!(kind, ServerKind::OwnAllocator { .. }) {
-                eprintln!("plateau: {}; profiling a replay of iterations {start}..{end}", kind.describe());
+                let whose = scope.map(|r| format!("the {r} process: ")).unwrap_or_default();
+                eprintln!("plateau: {whose}{}; profiling a replay of iterations {start}..{end}", kind.describe());
             }
             match replay.run() {
                 Ok(_) => return rejudge(r),
-                Err(e) => note(e),
+                Err(e) => note(scope.map_or(e.clone(), |r| format!("the {r} process: {e}"))),
             }
         }
     };
@@ -168,12 +206,18 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
     rejudge(r)
 }
 
-/// What kind of program the server was (server.json, written while it ran).
-fn read_kind(dir: &std::path::Path) -> Result<ServerKind, String> {
-    let p = dir.join("server.json");
+/// What kind of program the server was (server.json, written while it ran), or a deployment's
+/// role's process (servers.json).
+fn read_kind(dir: &std::path::Path, role: Option<&str>) -> Result<ServerKind, String> {
+    let p = dir.join(if role.is_some() { plateau_soak::external::profile::SERVERS_FILE } else { "server.json" });
     let text = std::fs::read_to_string(&p)
         .map_err(|e| format!("{}: {e}: what kind of program the server is was not read during the run", p.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
+    let Some(role) = role else { return serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display())) };
+    let mut kinds: std::collections::BTreeMap<String, ServerKind> =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+    kinds.remove(role).ok_or_else(|| {
+        format!("{}: what kind of program the {role} process is was not read during the run", p.display())
+    })
 }
 
 /// The verdict drawn again by the one judge, now that the replay's sites are on disk.

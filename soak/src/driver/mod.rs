@@ -180,8 +180,10 @@ pub fn prepare_out_dir(opts: &RunOptions) -> Result<(), RunError> {
 /// What a run writes beside its samples, read back when the run is judged: left in the directory
 /// by an earlier run, any of them would be read as this run's (an earlier interrupted verdict, an
 /// earlier replay's growth sites).
-const RUN_OUTPUTS: [&str; 13] = [
+const RUN_OUTPUTS: [&str; 15] = [
     "report.html",
+    "server.json",
+    crate::external::profile::SERVERS_FILE,
     "triggers.json",
     "verdict.json",
     "mappings.json",

@@ -82,6 +82,7 @@ pub fn run_with(
     let _harness = HarnessScope::enter();
     snapshots.end_iter = state.done;
     snapshots.end = target.mappings();
+    snapshots.set_roles(target.role_mappings(), |r| &mut r.end);
     sink.flush()?;
     let wall_secs = sink.elapsed().as_secs_f64();
     let failed = outcome.as_ref().err();
@@ -89,7 +90,7 @@ pub fn run_with(
     if let Some(t) = &finish.triggers {
         write_json(&opts.out_dir.join("triggers.json"), t)?;
     }
-    if !snapshots.end.is_empty() {
+    if !snapshots.end.is_empty() || !snapshots.roles.is_empty() {
         write_json(&opts.out_dir.join("mappings.json"), &snapshots)?;
     }
     if let Some(r) = &finish.residues {
@@ -221,6 +222,7 @@ fn iterate(
         if iter == plan.warmup.max(1) {
             snapshots.start_iter = iter;
             snapshots.start = target.mappings();
+            snapshots.set_roles(target.role_mappings(), |r| &mut r.start);
         }
         // Last in the iteration, after the harness's own bookkeeping (the mapping snapshot), so
         // that only what the target and the run keep is in the profile's difference.

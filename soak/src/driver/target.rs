@@ -109,6 +109,11 @@ pub trait Target {
     fn mark_window(&mut self, edge: WindowEdge, iter: u64, out_dir: &std::path::Path) -> Result<(), RunError>;
     /// The target process's mappings now, for the mapping snapshot (empty when unknown).
     fn mappings(&mut self) -> Vec<crate::mappings::Mapping>;
+    /// A deployment's processes' mappings now, by role (`--topology`), for each role's own
+    /// mapping snapshot; none for a target of one process.
+    fn role_mappings(&mut self) -> std::collections::BTreeMap<String, Vec<crate::mappings::Mapping>> {
+        std::collections::BTreeMap::new()
+    }
     /// The progress line's detail: memory and accounting, or the target's address.
     fn status(&self) -> String;
     /// Aborts, misses and invalid requests so far.

@@ -54,6 +54,8 @@ pub(super) struct Http<'a> {
     /// The target's mappings at the last quiescent point: what the end snapshot shows if the
     /// target is gone by then.
     pub last_mappings: Vec<crate::mappings::Mapping>,
+    /// A deployment's processes' mappings at the last quiescent point, by role.
+    pub last_role_mappings: BTreeMap<String, Vec<crate::mappings::Mapping>>,
     /// The scenario's engine section stands for the server's in phase plans: its vocabulary (for
     /// the out-of-vocabulary request) and its pool (for pressure phases).
     pub shape: Shape,
@@ -143,6 +145,10 @@ impl Http<'_> {
             if let Some(g) = &self.gpu {
                 g.sample_as(&format!("{}.{}", d.role, mapping::PREFIX), &pids, &mut p.values);
             }
+            let maps = procfs::process::Process::new(d.tree.root())
+                .map(|p| crate::mappings::of_other_process(&p))
+                .unwrap_or_default();
+            self.last_role_mappings.insert(d.role.clone(), maps);
         }
         p.cost_us.insert("target_proc".into(), t1.elapsed().as_secs_f64() * 1e6);
         if unsettled {
@@ -255,9 +261,19 @@ impl Target for HttpTarget<'_> {
             .map_err(|e| RunError::Harness(format!("the clock: {e}")))?
             .as_millis() as u64;
         self.http.window.push((edge, iter, ms));
-        let request = self.http.ext.spawn_env.iter().find(|(k, _)| k == super::profile::DUMP_REQUEST_ENV);
-        if let (Some((_, request)), Some(t)) = (request, &self.http.target) {
-            super::profile::native::request_dump(std::path::Path::new(request), t.pid, &out_dir.join(edge.dump_file()))
+        // The process started with the dump trigger's request file: the one server, or the
+        // deployment's role under the profiler.
+        let request_of = |role: Option<&str>| {
+            super::env_for(&self.http.ext.spawn_env, role)
+                .into_iter()
+                .find_map(|(k, v)| (k == super::profile::DUMP_REQUEST_ENV).then_some(v))
+        };
+        let profiled =
+            self.http.target.as_ref().map(|t| t.pid).and_then(|pid| request_of(None).map(|r| (pid, r))).or_else(|| {
+                self.http.deployment.procs.iter().find_map(|p| request_of(Some(&p.role)).map(|r| (p.target.pid, r)))
+            });
+        if let Some((pid, request)) = profiled {
+            super::profile::native::request_dump(std::path::Path::new(&request), pid, &out_dir.join(edge.dump_file()))
                 .map_err(RunError::Harness)?;
         }
         let marks: Vec<serde_json::Value> = self
@@ -271,6 +287,10 @@ impl Target for HttpTarget<'_> {
 
     fn mappings(&mut self) -> Vec<crate::mappings::Mapping> {
         self.http.last_mappings.clone()
+    }
+
+    fn role_mappings(&mut self) -> BTreeMap<String, Vec<crate::mappings::Mapping>> {
+        self.http.last_role_mappings.clone()
     }
 
     fn status(&self) -> String {
@@ -299,6 +319,23 @@ impl Target for HttpTarget<'_> {
                     }
                 }
                 Err(e) => eprintln!("plateau: what kind of program the server is could not be read: {e}"),
+            }
+        }
+        // A deployment's: each role's process, in servers.json by role.
+        if !self.http.deployment.procs.is_empty() {
+            let mut kinds = BTreeMap::new();
+            for p in &self.http.deployment.procs {
+                match super::profile::classify(p.target.pid) {
+                    Ok(kind) => {
+                        kinds.insert(p.role.clone(), kind);
+                    }
+                    Err(e) => {
+                        eprintln!("plateau: what kind of program the {} process is could not be read: {e}", p.role)
+                    }
+                }
+            }
+            if let Err(e) = crate::driver::write_json(&self.http.out_dir.join(super::profile::SERVERS_FILE), &kinds) {
+                eprintln!("plateau: {}: {e}", super::profile::SERVERS_FILE);
             }
         }
         if let Some(t) = &mut self.http.target {

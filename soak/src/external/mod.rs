@@ -61,13 +61,50 @@ pub struct ExternalOptions {
     pub settle_timeout: Duration,
     pub request_timeout: Duration,
     /// Environment for a spawned server only (`--spawn-env KEY=VALUE`): what a profiled replay
-    /// preloads into it, or a user's settings.
+    /// preloads into it, or a user's settings. In a deployment, `ROLE:KEY` is for that role's
+    /// process alone (a profiled replay of the role that grew), a plain `KEY` for every process.
     pub spawn_env: Vec<(String, String)>,
     /// `--dialect`: the server's dialect as the user names it (else found from its answers).
     pub dialect: Option<dialect::Dialect>,
     /// `--topology`: the processes of a deployment, started in order and probed per role (`url`
     /// is then the topology's).
     pub topology: Option<topology::Topology>,
+}
+
+/// The environment of one spawned process: `role`'s in a deployment (`ROLE:KEY` entries for it,
+/// plain `KEY` ones for every process), or the one server's (`role` None: plain entries only).
+pub(crate) fn env_for(env: &[(String, String)], role: Option<&str>) -> Vec<(String, String)> {
+    env.iter()
+        .filter_map(|(k, v)| match (k.split_once(':'), role) {
+            (None, _) => Some((k.clone(), v.clone())),
+            (Some((r, key)), Some(role)) if r == role => Some((key.to_string(), v.clone())),
+            (Some(_), _) => None,
+        })
+        .collect()
+}
+
+/// A `ROLE:KEY` entry of `--spawn-env` whose role is not one of the deployment's (or any, with no
+/// deployment): bad input, named.
+fn check_role_env(env: &[(String, String)], topology: Option<&topology::Topology>) -> Result<(), RunError> {
+    for (k, _) in env {
+        let Some((role, _)) = k.split_once(':') else { continue };
+        match topology {
+            None => {
+                return Err(RunError::Input(format!(
+                    "--spawn-env {k}=...: ROLE:KEY is for one process of a --topology deployment"
+                )))
+            }
+            Some(t) if !t.processes.iter().any(|p| p.role == role) => {
+                let roles: Vec<&str> = t.processes.iter().map(|p| p.role.as_str()).collect();
+                return Err(RunError::Input(format!(
+                    "--spawn-env {k}=...: the deployment has no role {role:?} (its roles: {})",
+                    roles.join(", ")
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// One process of a deployment (`--topology`): its role, the process, its tree.
@@ -108,7 +145,7 @@ fn start_deployment(
     let mut d = Deployment::default();
     for p in &topo.processes {
         let log = out_dir.join(format!("target-{}.log", p.role));
-        let mut t = target::Target::spawn(&p.spawn, &ext.spawn_env, &log)
+        let mut t = target::Target::spawn(&p.spawn, &env_for(&ext.spawn_env, Some(&p.role)), &log)
             .map_err(|e| RunError::Input(format!("process {}: {e}", p.role)))?;
         let who = format!("{} process", p.role);
         runtime.block_on(wait_answering(
@@ -281,6 +318,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         Some(p) => Mapping::with_file(p).map_err(RunError::Input)?,
         None => Mapping::built_in(),
     };
+    check_role_env(&ext.spawn_env, ext.topology.as_ref())?;
     prepare_out_dir(opts)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -288,7 +326,9 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         .map_err(|e| RunError::Harness(format!("tokio runtime: {e}")))?;
     let log = opts.out_dir.join("target.log");
     let mut target = match (&ext.spawn, ext.pid) {
-        (Some(cmd), _) => Some(target::Target::spawn(cmd, &ext.spawn_env, &log).map_err(RunError::Input)?),
+        (Some(cmd), _) => {
+            Some(target::Target::spawn(cmd, &env_for(&ext.spawn_env, None), &log).map_err(RunError::Input)?)
+        }
         (None, Some(pid)) => Some(target::Target::attach(pid).map_err(RunError::Input)?),
         (None, None) => None,
     };
@@ -379,6 +419,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         ext,
         own: crate::probes::ProcessProbes::new(),
         last_mappings: Vec::new(),
+        last_role_mappings: BTreeMap::new(),
         shape: shape_of(scenario, plan.seed),
         out_dir: opts.out_dir.clone(),
         window: Vec::new(),
@@ -397,4 +438,35 @@ fn note_dialect(out_dir: &std::path::Path, found: &dialect::Found) -> Result<(),
     let text = serde_json::to_string_pretty(&env).map_err(|e| RunError::Harness(e.to_string()))? + "\n";
     crate::fsutil::write_atomic(&path, text.as_bytes())
         .map_err(|e| RunError::Harness(format!("{}: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_role_s_environment_is_its_own_entries_and_everyone_s() {
+        let e = env(&[("A", "1"), ("decode:LD_PRELOAD", "/x.so:/y.so"), ("prefill:B", "2")]);
+        assert_eq!(env_for(&e, Some("decode")), env(&[("A", "1"), ("LD_PRELOAD", "/x.so:/y.so")]));
+        assert_eq!(env_for(&e, Some("proxy")), env(&[("A", "1")]));
+        assert_eq!(env_for(&e, None), env(&[("A", "1")]));
+    }
+
+    #[test]
+    fn a_role_s_environment_names_a_role_of_the_deployment() {
+        let t = topology::Topology {
+            url: "http://127.0.0.1:1".into(),
+            processes: vec![topology::Process { role: "decode".into(), spawn: "x".into(), health: "tcp://x".into() }],
+            ports: BTreeMap::new(),
+        };
+        assert!(check_role_env(&env(&[("decode:A", "1"), ("B", "2")]), Some(&t)).is_ok());
+        let e = check_role_env(&env(&[("prefil:A", "1")]), Some(&t)).unwrap_err().to_string();
+        assert!(e.contains("no role \"prefil\" (its roles: decode)"), "{e}");
+        let e = check_role_env(&env(&[("decode:A", "1")]), None).unwrap_err().to_string();
+        assert!(e.contains("ROLE:KEY is for one process of a --topology deployment"), "{e}");
+    }
 }

@@ -30,6 +30,10 @@ use std::process::Command;
 use crate::heapprof::{write_files, Growth, GrowthRecord};
 pub use kind::{classify, ServerKind};
 
+/// What kind of program each process of a deployment is, by role (written at the end of a
+/// `--topology` run, as `server.json` is for the one server of `--spawn`).
+pub const SERVERS_FILE: &str = "servers.json";
+
 /// The environment variable that tells plateau's dump trigger, preloaded into a native server,
 /// where plateau asks for dumps.
 pub const DUMP_REQUEST_ENV: &str = "PLATEAU_DUMP_REQUEST";
@@ -68,6 +72,40 @@ impl Window {
     }
 }
 
+/// What an external run started, as its profiled replay starts it again.
+pub enum Launch<'a> {
+    /// One server (`--target URL --spawn CMD`), all of it under the profiler.
+    Server { url: &'a str, spawn: &'a str },
+    /// A deployment (`--topology FILE`, with the run's injections for its `{inject}`), of which
+    /// only `role`'s process runs under the profiler: the rest run as they did.
+    Role { topology: &'a Path, injections: &'a [String], role: &'a str },
+}
+
+impl Launch<'_> {
+    fn args(&self, env: &[(String, String)]) -> Vec<String> {
+        let mut a = Vec::new();
+        let env_key = |k: &str| match self {
+            Launch::Server { .. } => k.to_string(),
+            Launch::Role { role, .. } => format!("{role}:{k}"),
+        };
+        match self {
+            Launch::Server { url, spawn } => {
+                a.extend(["--target".to_string(), url.to_string(), "--spawn".into(), spawn.to_string()])
+            }
+            Launch::Role { topology, injections, .. } => {
+                a.extend(["--topology".to_string(), topology.display().to_string()]);
+                for i in *injections {
+                    a.extend(["--inject".to_string(), i.clone()]);
+                }
+            }
+        }
+        for (k, v) in env {
+            a.extend(["--spawn-env".to_string(), format!("{}={v}", env_key(k))]);
+        }
+        a
+    }
+}
+
 /// A profiled replay of an external run to run.
 pub struct ExternalReplay<'a> {
     /// The `plateau` binary (this one).
@@ -75,9 +113,8 @@ pub struct ExternalReplay<'a> {
     /// The scenario as the user named it.
     pub scenario: &'a str,
     pub seed: u64,
-    pub url: &'a str,
-    /// The server's command (`--spawn`).
-    pub spawn: &'a str,
+    /// What the replay starts, and which process of it runs under the profiler.
+    pub launch: &'a Launch<'a>,
     /// The run's other target flags, passed on as given (timeouts, concurrency, metrics map).
     pub target_args: Vec<String>,
     pub start_iter: u64,
@@ -100,11 +137,8 @@ impl ExternalReplay<'_> {
     fn args(&self, env: &[(String, String)]) -> Vec<String> {
         let window = (self.start_iter, self.end_iter);
         let mut a = crate::heapprof::replay::window_run_args(self.scenario, self.seed, window, &self.out());
-        a.extend(["--target".to_string(), self.url.into(), "--spawn".into(), self.spawn.into()]);
         a.extend(self.target_args.iter().cloned());
-        for (k, v) in env {
-            a.extend(["--spawn-env".to_string(), format!("{k}={v}")]);
-        }
+        a.extend(self.launch.args(env));
         a
     }
 
