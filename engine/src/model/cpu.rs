@@ -6,9 +6,10 @@
 use crate::block_pool::BlockId;
 use crate::error::{EngineError, Result};
 use crate::inject::Injections;
+use crate::model::attention::{attend, Context};
 use crate::model::backend::{Backend, BackendMemory, ForwardBatch};
 use crate::model::config::ModelConfig;
-use crate::model::layers::{dot, linear, rms_norm, rope};
+use crate::model::layers::{linear, rms_norm, rope};
 use crate::model::weights::ModelWeights;
 
 /// The KV cache: per layer, K and V for `num_blocks * block_size` slots of `kv_dim` floats.
@@ -216,41 +217,13 @@ impl Backend for CpuBackend {
             }
             let mut attn = vec![0.0f32; t * qd];
             let mut scores = Vec::new();
-            for i in 0..t {
-                let sl = &chunk_slots[owner[i]];
-                let n_ctx = positions[i] + 1;
+            let gd = group * hd;
+            for (i, (qi, ai)) in q.chunks_exact(qd).zip(attn.chunks_exact_mut(qd)).enumerate() {
+                let slots = &chunk_slots[owner[i]][..positions[i] + 1];
                 // One pass over the context per KV head serves every query head of its group.
-                for g in 0..nkv {
-                    let off = g * hd;
-                    scores.clear();
-                    scores.resize(group * n_ctx, 0.0f32);
-                    for (p, &base) in sl[..n_ctx].iter().enumerate() {
-                        let kr = &kc[base + off..base + off + hd];
-                        for hh in 0..group {
-                            let qh = (g * group + hh) * hd;
-                            scores[hh * n_ctx + p] = dot(&q[i * qd + qh..i * qd + qh + hd], kr) * scale;
-                        }
-                    }
-                    for row in scores.chunks_exact_mut(n_ctx) {
-                        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                        let mut denom = 0.0f32;
-                        for sc in row.iter_mut() {
-                            *sc = (*sc - max).exp();
-                            denom += *sc;
-                        }
-                        let inv = 1.0 / denom;
-                        row.iter_mut().for_each(|sc| *sc *= inv);
-                    }
-                    for (p, &base) in sl[..n_ctx].iter().enumerate() {
-                        let vr = &vc[base + off..base + off + hd];
-                        for hh in 0..group {
-                            let wgt = scores[hh * n_ctx + p];
-                            let qh = (g * group + hh) * hd;
-                            for (o, vv) in attn[i * qd + qh..i * qd + qh + hd].iter_mut().zip(vr) {
-                                *o += wgt * vv;
-                            }
-                        }
-                    }
+                for (g, (gq, go)) in qi.chunks_exact(gd).zip(ai.chunks_exact_mut(gd)).enumerate() {
+                    let ctx = Context { k: kc, v: vc, slots, off: g * hd, hd, scale };
+                    attend(gq, &ctx, &mut scores, go);
                 }
             }
             let o = linear(&attn, lw.o, t, qd, h);

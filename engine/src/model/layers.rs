@@ -63,6 +63,7 @@ pub fn rope(x: &mut [f32], positions: &[usize], heads: usize, hd: usize, inv_fre
 }
 
 /// Dot product with eight independent accumulators (vectorisable, and the same order every time).
+#[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));

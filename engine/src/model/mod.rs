@@ -1,5 +1,6 @@
 //! The model: its shape, its weights, and the backends that compute it.
 
+mod attention;
 pub mod backend;
 pub mod config;
 pub mod cpu;
