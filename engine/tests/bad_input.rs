@@ -1,6 +1,6 @@
 //! Bad input gets a clear error, and the engine stays usable with nothing leaked.
 
-mod common;
+use crate::common;
 
 use common::*;
 use plateau_engine::{AbortOutcome, EngineError, SamplingParams};

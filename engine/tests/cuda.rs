@@ -1,6 +1,6 @@
 //! The CUDA backend against the CPU backend. These need a CUDA device, so they are ignored by
-//! default (CI has none) and say so; on a GPU machine `cargo test -p plateau-engine --test cuda --
-//! --ignored` runs them, and there a missing device fails them with the reason.
+//! default (CI has none) and say so; on a GPU machine `cargo test -p plateau-engine --test engine
+//! cuda:: -- --ignored` runs them, and there a missing device fails them with the reason.
 //! scripts/gpu-check.sh runs the full checks (parity, memory, soaks, throughput) on the H200.
 //! Only with the engine's `cuda` feature (on by default).
 #![cfg(feature = "cuda")]

@@ -1,6 +1,6 @@
 //! The same seed and requests give the same tokens whatever the batch and arrival order.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,6 @@
 //! Property test of the whole engine: random request mixes, aborts at random steps, KV pressure.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,6 @@
 //! Images through the vision encoder and the encoder cache.
 
-mod common;
+use crate::common;
 
 use common::*;
 use plateau_engine::tokenizer::{encode, IMAGE_PAD};

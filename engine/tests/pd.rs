@@ -1,6 +1,6 @@
 //! Prefill/decode disaggregation through the connector, with the transport done by hand.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,6 @@
 //! n>1 shares the prompt's blocks; a repeated prompt hits the prefix cache.
 
-mod common;
+use crate::common;
 
 use common::*;
 

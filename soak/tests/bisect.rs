@@ -2,7 +2,7 @@
 //! the fourth of which starts it with a leak. Bisect names that commit, leaves the checkout as it
 //! was and removes its worktrees; a good end that leaks is refused; bad input exits 2.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

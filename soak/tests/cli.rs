@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 use common::{failing, plateau};
 
 fn tmp(name: &str) -> PathBuf {

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 // Only its `tmp`: these runs start `plateau` with address randomization off, which the shared
 // `plateau()` cannot.
 #[allow(dead_code)]
-mod common;
+use crate::common;
 
 /// `jemalloc.*` levels at each quiescent point of a run's samples.
 fn heap_levels(dir: &std::path::Path) -> BTreeMap<u64, Vec<(String, f64)>> {

@@ -3,7 +3,7 @@
 //! contract names: unreachable, not OpenAI-compatible, a /metrics that does not parse, a 5xx, a
 //! process that exits mid-run, a --pid that does not exist, a mapping file with an unknown kind.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 use common::plateau;
 
 fn tmp(name: &str) -> PathBuf {

@@ -2,7 +2,7 @@
 //! iterations, warm-up 20), its settled jemalloc.allocated plus a synthetic linear leak. A leak
 //! of 64 B per iteration (about 3 B per request) must fail; the run itself must pass. Prints the
 //! smallest rate that fails and the verdict's own resolution figure (for the issue note:
-//! `cargo test --release -p plateau-soak --test power -- --nocapture`).
+//! `cargo test --release -p plateau-soak --test soak power:: -- --nocapture`).
 
 use std::process::Command;
 

@@ -3,7 +3,7 @@
 //! The dialect is found unnamed; a leak on the sleep path is caught over HTTP; a clean loop
 //! passes and says once what vLLM's dialect lacks (a weight update over HTTP).
 
-mod common;
+use crate::common;
 
 use common::{failing, plateau, tmp};
 

@@ -4,7 +4,7 @@
 //! fires at least 10 times in each run. Ignored in the README's test command, whose `selftest
 //! --quick` already runs every shipped scenario clean at its default length with the same checks
 //! (seed 0): run it for more seeds with
-//!     PLATEAU_SEEDS=5 cargo test --release -p plateau-soak --test seeds -- --ignored
+//!     PLATEAU_SEEDS=5 cargo test --release -p plateau-soak --test soak seeds:: -- --ignored
 //! The false-alarm sweep, seeds 1..20 with two soaks side by side, is `scripts/false-alarms.sh`,
 //! run every night by the nightly workflow.
 
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 #[test]
-#[ignore = "more seeds of what selftest --quick runs: PLATEAU_SEEDS=N cargo test --release -p plateau-soak --test seeds -- --ignored"]
+#[ignore = "more seeds of what selftest --quick runs: PLATEAU_SEEDS=N cargo test --release -p plateau-soak --test soak seeds:: -- --ignored"]
 fn clean_scenarios_pass_at_their_default_length() {
     let scenarios = ["n-sampling", "aborts", "rl-rollout", "prefill-only", "mixed", "multimodal-repeat", "pd-transfer"];
     let seeds: u64 = match std::env::var("PLATEAU_SEEDS") {

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-mod common;
+use crate::common;
 use common::plateau;
 
 fn tmp(name: &str) -> PathBuf {
@@ -188,7 +188,7 @@ fn documented() -> Vec<(String, String, BTreeSet<String>, BTreeSet<String>)> {
 }
 
 #[test]
-#[ignore = "shrinks every shipped injection (about 13 minutes on 2 cores): cargo test --release -p plateau-soak --test shrink -- --ignored"]
+#[ignore = "shrinks every shipped injection (about 13 minutes on 2 cores): cargo test --release -p plateau-soak --test soak shrink:: -- --ignored"]
 fn every_shipped_injection_shrinks_to_its_documented_trigger() {
     let rows = documented();
     assert!(rows.len() >= 10, "a row per injection: {rows:?}");

@@ -2,7 +2,7 @@
 //! three-process deployment (prefill and decode nodes, an HTTP proxy) judged per role, and every
 //! bad deployment the contract names, each ending in bounded time with every process stopped.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

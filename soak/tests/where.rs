@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-mod common;
+use crate::common;
 use common::plateau;
 
 fn tmp(name: &str) -> PathBuf {
