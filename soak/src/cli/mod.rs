@@ -9,6 +9,7 @@ use plateau_soak::driver::RunError;
 pub mod analyze;
 pub mod bisect;
 pub mod explain;
+pub mod external;
 pub mod fuzz;
 pub mod history;
 pub mod list;
