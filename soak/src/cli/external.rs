@@ -76,6 +76,17 @@ impl ExternalArgs {
         self.ready_timeout_s.unwrap_or(if starts { SPAWN_READY_S } else { RUNNING_READY_S })
     }
 
+    /// The limits a run against a server sets (requests in flight, its timeouts), as flags: what
+    /// a replay, a shrink and a fuzz of the run pass on as given.
+    fn limit_flags(&self) -> [(&'static str, String); 4] {
+        [
+            ("--concurrency", self.concurrency.to_string()),
+            ("--ready-timeout-s", self.ready_timeout_s().to_string()),
+            ("--settle-timeout-ms", self.settle_timeout_ms.to_string()),
+            ("--request-timeout-s", self.request_timeout_s.to_string()),
+        ]
+    }
+
     /// What a profiled replay of this run needs: what it started (a server from its command, a
     /// deployment with `roles` and the run's `injections`) and the flags to pass on as given.
     pub(super) fn replay_of<'a>(
@@ -84,16 +95,7 @@ impl ExternalArgs {
         roles: Vec<String>,
         injections: Vec<String>,
     ) -> super::sites::ServerRun<'a> {
-        let mut args = vec![
-            "--concurrency".to_string(),
-            self.concurrency.to_string(),
-            "--ready-timeout-s".into(),
-            self.ready_timeout_s().to_string(),
-            "--settle-timeout-ms".into(),
-            self.settle_timeout_ms.to_string(),
-            "--request-timeout-s".into(),
-            self.request_timeout_s.to_string(),
-        ];
+        let mut args: Vec<String> = self.limit_flags().into_iter().flat_map(|(f, v)| [f.to_string(), v]).collect();
         if let Some(m) = &self.metrics_map {
             args.extend(["--metrics-map".to_string(), m.display().to_string()]);
         }
@@ -107,6 +109,34 @@ impl ExternalArgs {
             (None, None) => Started::Nothing,
         };
         super::sites::ServerRun { started, target_args: args }
+    }
+
+    /// A shrink's or a fuzz's origin: `flags`, then this target's settings (without the target
+    /// and its command, which each candidate gets on its own port).
+    pub fn origin(&self, scenario: &str, inject: &[Injection], mut flags: Vec<String>) -> plateau_soak::shrink::Origin {
+        let mut flag = |name: &str, value: Option<String>| {
+            if let Some(v) = value {
+                flags.extend([name.to_string(), v]);
+            }
+        };
+        flag("--topology", self.topology.as_ref().map(|t| t.display().to_string()));
+        if self.target.is_some() || self.topology.is_some() {
+            flag("--pid", self.pid.map(|p| p.to_string()));
+            flag("--metrics-map", self.metrics_map.as_ref().map(|m| m.display().to_string()));
+            for (name, value) in self.limit_flags() {
+                flag(name, Some(value));
+            }
+            for (k, v) in &self.spawn_env {
+                flag("--spawn-env", Some(format!("{k}={v}")));
+            }
+        }
+        plateau_soak::shrink::Origin {
+            scenario: scenario.to_string(),
+            injections: inject.iter().map(|i| i.name().to_string()).collect(),
+            flags,
+            target: self.target.clone(),
+            spawn: self.spawn.clone(),
+        }
     }
 }
 
@@ -127,35 +157,4 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
         return Err(format!("`{key}` is not an environment variable's name"));
     }
     Ok((k.to_string(), v.to_string()))
-}
-
-impl ExternalArgs {
-    /// A shrink's or a fuzz's origin: `flags`, then this target's settings (without the target
-    /// and its command, which each candidate gets on its own port).
-    pub fn origin(&self, scenario: &str, inject: &[Injection], mut flags: Vec<String>) -> plateau_soak::shrink::Origin {
-        let mut flag = |name: &str, value: Option<String>| {
-            if let Some(v) = value {
-                flags.extend([name.to_string(), v]);
-            }
-        };
-        flag("--topology", self.topology.as_ref().map(|t| t.display().to_string()));
-        if self.target.is_some() || self.topology.is_some() {
-            flag("--pid", self.pid.map(|p| p.to_string()));
-            flag("--metrics-map", self.metrics_map.as_ref().map(|m| m.display().to_string()));
-            flag("--concurrency", Some(self.concurrency.to_string()));
-            flag("--ready-timeout-s", Some(self.ready_timeout_s().to_string()));
-            flag("--settle-timeout-ms", Some(self.settle_timeout_ms.to_string()));
-            flag("--request-timeout-s", Some(self.request_timeout_s.to_string()));
-            for (k, v) in &self.spawn_env {
-                flag("--spawn-env", Some(format!("{k}={v}")));
-            }
-        }
-        plateau_soak::shrink::Origin {
-            scenario: scenario.to_string(),
-            injections: inject.iter().map(|i| i.name().to_string()).collect(),
-            flags,
-            target: self.target.clone(),
-            spawn: self.spawn.clone(),
-        }
-    }
 }
