@@ -50,7 +50,35 @@ enum Check {
         /// Context length of each decoding sequence.
         #[arg(long, default_value_t = 512)]
         context: usize,
+        /// Under Nsight Compute (`ncu --profile-from-start off`): brackets one step with
+        /// cuProfilerStart/Stop, so that only its kernels are profiled: `decode` (the 10th decode
+        /// step of each batch size) or `prefill` (the last 2,047-token prefill).
+        #[arg(long, value_enum)]
+        profile: Option<Profiled>,
     },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Profiled {
+    Decode,
+    Prefill,
+}
+
+/// Opens (`on`) or closes the profiler's capture range; a no-op outside a profiler.
+fn profiler(on: bool) -> Result<(), String> {
+    // SAFETY: the engine's calls left its context current on this thread; the calls take no pointers.
+    let r = unsafe {
+        if on {
+            cudarc::driver::sys::cuProfilerStart()
+        } else {
+            cudarc::driver::sys::cuProfilerStop()
+        }
+    };
+    if r == cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("cuProfiler{}: {r:?}", if on { "Start" } else { "Stop" }))
+    }
 }
 
 fn fail(msg: impl std::fmt::Display) -> Result<serde_json::Value, String> {
@@ -247,7 +275,13 @@ fn memory(inject: Option<String>) -> Result<serde_json::Value, String> {
     }
 }
 
-fn throughput(preset: &str, dtype: DType, batches: &[usize], context: usize) -> Result<serde_json::Value, String> {
+fn throughput(
+    preset: &str,
+    dtype: DType,
+    batches: &[usize],
+    context: usize,
+    profile: Option<Profiled>,
+) -> Result<serde_json::Value, String> {
     let c = ModelConfig::preset(preset).map_err(|e| e.to_string())?;
     let weight_bytes = plateau_engine::model::cuda::backend::weight_bytes(&c, dtype) as f64;
     let kv_token_bytes = (c.kv_bytes_per_token() / 4 * dtype.size()) as f64;
@@ -278,9 +312,16 @@ fn throughput(preset: &str, dtype: DType, batches: &[usize], context: usize) -> 
                 break;
             }
             let before = e.tokens_computed().0;
+            let profiled = profile == Some(Profiled::Decode) && times.len() == 10;
+            if profiled {
+                profiler(true)?;
+            }
             let t0 = Instant::now();
             e.step().map_err(|e| e.to_string())?;
             let dt = t0.elapsed().as_secs_f64();
+            if profiled {
+                profiler(false)?;
+            }
             if e.tokens_computed().0 == before && step > 0 {
                 times.push(dt);
             }
@@ -302,9 +343,16 @@ fn throughput(preset: &str, dtype: DType, batches: &[usize], context: usize) -> 
         let mut p = prompt.clone();
         p[0] = 3 + k as u32; // no prefix-cache hit
         e.add_request(Request { id: id + k, prompt: p, params, images: Vec::new() }).map_err(|e| e.to_string())?;
+        let profiled = profile == Some(Profiled::Prefill) && k == 3;
+        if profiled {
+            profiler(true)?;
+        }
         let t0 = Instant::now();
         drain(&mut e).map_err(|e| e.to_string())?;
         prefill_times.push(t0.elapsed().as_secs_f64());
+        if profiled {
+            profiler(false)?;
+        }
     }
     let prefill_s = median(prefill_times[1..].to_vec());
     let flops = 2.0 * weight_bytes / dtype.size() as f64 * n_prompt;
@@ -323,8 +371,10 @@ fn copy_bandwidth() -> Result<f64, String> {
     let mut b = stream.alloc_zeros::<u8>(n).map_err(|e| e.to_string())?;
     let mut times = Vec::new();
     for _ in 0..6 {
-        let start = ctx.new_event(None).map_err(|e| e.to_string())?;
-        let end = ctx.new_event(None).map_err(|e| e.to_string())?;
+        // cudarc's default flags disable timing (elapsed_ms then fails with an invalid handle).
+        let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = ctx.new_event(timed).map_err(|e| e.to_string())?;
+        let end = ctx.new_event(timed).map_err(|e| e.to_string())?;
         start.record(&stream).map_err(|e| e.to_string())?;
         stream.memcpy_dtod(&a, &mut b).map_err(|e| e.to_string())?;
         end.record(&stream).map_err(|e| e.to_string())?;
@@ -343,12 +393,12 @@ fn main() -> ExitCode {
     let result = match cli.check {
         Check::Parity { dtype, dump } => DType::parse(&dtype).and_then(|d| parity(d, dump)),
         Check::Memory { inject } => memory(inject),
-        Check::Throughput { preset, dtype, batches, context } => {
+        Check::Throughput { preset, dtype, batches, context, profile } => {
             let parsed: Result<Vec<usize>, String> = batches
                 .split(',')
                 .map(|b| b.trim().parse::<usize>().map_err(|_| format!("--batches: `{b}`")))
                 .collect();
-            DType::parse(&dtype).and_then(|d| parsed.and_then(|bs| throughput(&preset, d, &bs, context)))
+            DType::parse(&dtype).and_then(|d| parsed.and_then(|bs| throughput(&preset, d, &bs, context, profile)))
         }
     };
     match result {

@@ -42,6 +42,10 @@ pub(super) struct DeviceWeights {
     pub(super) final_norm: DeviceBuf,
     pub(super) lm_head: DeviceBuf,
     pub(super) layers: Vec<LayerBufs>,
+    /// Rotary frequencies (f32, `head_dim / 2`), derived from the config. They live and go with the
+    /// weights: a buffer that outlived sleep level 2 would keep its chunk of the stream-ordered pool
+    /// (and everything freed beside it) from going back to the driver.
+    pub(super) inv_freq: DeviceBuf,
     /// The vision tower's weights stay on the host: the encoder runs there.
     pub(super) host_vision: Option<ModelWeights>,
 }
@@ -67,7 +71,6 @@ pub struct CudaBackend {
     pub(super) kv: Option<DeviceKv>,
     /// KV pools kept past their release: only `sleep-keeps-kv` puts anything here.
     pub(super) kept_kv: Vec<DeviceKv>,
-    pub(super) inv_freq: DeviceBuf,
     pub(super) injections: Injections,
 }
 
@@ -99,10 +102,6 @@ impl CudaBackend {
         let kernels = Kernels::compile(&ctx, stream.clone())?;
         let alloc = DeviceAllocator::new(ctx.clone(), stream.clone());
         let config = weights.config.clone();
-        let hd = config.head_dim;
-        let inv_freq: Vec<f32> =
-            (0..hd / 2).map(|i| 1.0 / config.rope_theta.powf((2 * i) as f32 / hd as f32)).collect();
-        let inv_freq = alloc.upload(Category::Workspace, &inv_freq, "rotary frequencies")?;
         let mut b = CudaBackend {
             config,
             dtype,
@@ -113,7 +112,6 @@ impl CudaBackend {
             weights: None,
             kv: None,
             kept_kv: Vec::new(),
-            inv_freq,
             injections,
         };
         b.load_weights(weights)?;
@@ -293,7 +291,11 @@ impl Backend for CudaBackend {
                 down: up(w.down, &name("down_proj"))?,
             });
         }
+        let hd = self.config.head_dim;
+        let inv_freq: Vec<f32> =
+            (0..hd / 2).map(|i| 1.0 / self.config.rope_theta.powf((2 * i) as f32 / hd as f32)).collect();
         let dw = DeviceWeights {
+            inv_freq: self.alloc.upload(Category::Workspace, &inv_freq, "rotary frequencies")?,
             embed: up(weights.embed(), "embed_tokens")?,
             final_norm: up(weights.final_norm(), "norm")?,
             lm_head: up(weights.lm_head(), "lm_head")?,

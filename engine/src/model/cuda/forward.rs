@@ -75,7 +75,7 @@ impl CudaBackend {
                 let args = [
                     Arg::P(buf.ptr()),
                     Arg::P(positions.ptr()),
-                    Arg::P(self.inv_freq.ptr()),
+                    Arg::P(w.inv_freq.ptr()),
                     Arg::I(heads as i32),
                     Arg::I(hd as i32),
                 ];
