@@ -23,7 +23,7 @@ fn kernels_match_the_reference_in_host_emulation() {
         .output()
         .unwrap_or_else(|e| panic!("g++ was found when this was built but does not run now: {e}"));
     assert!(built.status.success(), "harness.cpp does not compile:\n{}", String::from_utf8_lossy(&built.stderr));
-    let run = Command::new(&exe).args(["1", "8"]).output().unwrap();
+    let run = Command::new(&exe).args(["1", "8", "40", "64"]).output().unwrap();
     let out = String::from_utf8_lossy(&run.stdout);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(run.status.success() && out.contains("PASS"), "{out}");

@@ -65,7 +65,7 @@ impl CudaBackend {
             )?;
         }
         let scale = 1.0 / (hd as f32).sqrt();
-        let attn_shared = ((hd + f.max_ctx) * 4) as u32;
+        let attn_shared = attention_shared_bytes(hd, f.max_ctx, ATTENTION_THREADS)?;
         for (l, lw) in w.layers.iter().enumerate() {
             self.rmsnorm(x.ptr(), 0, lw.attn_norm.ptr(), hn.ptr(), t)?;
             self.linear(hn.ptr(), lw.q.ptr(), q.ptr(), t, h, qd)?;
@@ -105,7 +105,7 @@ impl CudaBackend {
                 Arg::I(hd as i32),
                 Arg::F(scale),
             ];
-            self.kernels.launch("attention", dt, cfg((t as u32, nh as u32), 128, attn_shared), &args)?;
+            self.kernels.launch("attention", dt, cfg((t as u32, nh as u32), ATTENTION_THREADS as u32, attn_shared), &args)?;
             self.linear(attn.ptr(), lw.o.ptr(), tmp.ptr(), t, qd, h)?;
             self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
             self.rmsnorm(x.ptr(), 0, lw.mlp_norm.ptr(), hn.ptr(), t)?;
@@ -141,5 +141,40 @@ impl CudaBackend {
         )?;
         let host: Vec<f32> = out.read(r * vocab)?;
         Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+}
+
+/// Threads of an attention block: for a head of 64 dimensions, four groups that each sum a quarter
+/// of the positions (kernels.cu's `attention`). A multiple of the warp.
+const ATTENTION_THREADS: usize = 256;
+
+/// Shared memory a block may use without opting in to more (every CUDA device since 2.0).
+const SHARED_BYTES_LIMIT: usize = 48 * 1024;
+
+/// The attention kernel's dynamic shared memory for contexts up to `max_ctx` positions: the query
+/// (`hd` floats), a score and a cache slot per position, and `hd` partial sums per position group.
+fn attention_shared_bytes(hd: usize, max_ctx: usize, threads: usize) -> Result<u32> {
+    let groups = (threads / hd).max(1);
+    let bytes = 4 * (hd + 2 * max_ctx + groups * hd);
+    if bytes > SHARED_BYTES_LIMIT {
+        return Err(EngineError::Backend(format!(
+            "attention over {max_ctx} positions needs {bytes} bytes of shared memory per block, more than the {SHARED_BYTES_LIMIT} a block gets"
+        )));
+    }
+    Ok(bytes as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_shared_memory_covers_its_layout_and_refuses_past_the_limit() {
+        // TinyLlama: 64-dimension heads, 2,048 positions, 4 groups of 64 threads.
+        assert_eq!(attention_shared_bytes(64, 2048, 256).unwrap(), 4 * (64 + 4096 + 256));
+        // Fewer threads than dimensions: one group.
+        assert_eq!(attention_shared_bytes(128, 10, 32).unwrap(), 4 * (128 + 20 + 128));
+        let err = attention_shared_bytes(64, 8192, 256).unwrap_err().to_string();
+        assert!(err.contains("8192 positions"), "{err}");
     }
 }

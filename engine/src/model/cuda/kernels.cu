@@ -82,7 +82,13 @@ template <typename T> __device__ void store_kv(const T* k, const T* v, T* kc, T*
 
 // Paged attention over block tables, one block per (query token, query head): the token attends
 // to positions 0..=pos of its sequence. Serves prefill chunks and decode (a one-token chunk) alike.
-// Dynamic shared memory: hd floats of query, then max_ctx scores.
+// Dynamic shared memory (attention_shared_bytes in forward.rs): hd floats of query, max_ctx
+// scores, max_ctx cache slots, then hd partial sums for each of the block's position groups.
+// Scores: each thread takes positions tid, tid + blockDim, ... and finds each one's slot once.
+// Weighted sum: the block's threads form groups of hd threads (one thread per dimension); group s
+// sums positions s, s + groups, ... with no load waiting on another, and group 0 adds the groups'
+// partial sums in a fixed order (deterministic). With fewer threads than hd, one group loops over
+// the dimensions.
 template <typename T> __device__ void attention(const T* q, const T* kc, const T* vc, T* out, const int* tok_seq,
                                                 const int* tok_pos, const int* tables, int max_blocks, int bs, int nh,
                                                 int nkv, int hd, float scale) {
@@ -91,18 +97,22 @@ template <typename T> __device__ void attention(const T* q, const T* kc, const T
 #else
     float* smem = plateau_emulated_smem; // engine/tests/kernels_emulated: the host emulation
 #endif
-    float* qs = smem;
-    float* scores = smem + hd;
     int t = blockIdx.x, h = blockIdx.y, g = h / (nh / nkv);
     int seq = tok_seq[t], n_ctx = tok_pos[t] + 1, kvd = nkv * hd;
+    int groups = blockDim.x >= hd ? blockDim.x / hd : 1;
+    float* qs = smem;
+    float* scores = qs + hd;
+    int* slots = (int*)(scores + n_ctx);
+    float* partial = (float*)(slots + n_ctx);
     const int* table = tables + (long long)seq * max_blocks;
     long long qoff = (long long)t * nh * hd + (long long)h * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = ld(q, qoff + d);
     __syncthreads();
     float local_max = -PLATEAU_INF;
     for (int p = threadIdx.x; p < n_ctx; p += blockDim.x) {
-        long long slot = (long long)table[p / bs] * bs + p % bs;
-        long long koff = slot * kvd + (long long)g * hd;
+        int slot = table[p / bs] * bs + p % bs;
+        slots[p] = slot;
+        long long koff = (long long)slot * kvd + (long long)g * hd;
         float s = 0.0f;
         for (int d = 0; d < hd; ++d) s += qs[d] * ld(kc, koff + d);
         s *= scale;
@@ -114,12 +124,19 @@ template <typename T> __device__ void attention(const T* q, const T* kc, const T
     for (int p = threadIdx.x; p < n_ctx; p += blockDim.x) { float e = expf(scores[p] - m); scores[p] = e; local_sum += e; }
     float inv = 1.0f / block_reduce(local_sum, false);
     __syncthreads();
+    int group = (int)threadIdx.x / hd;
+    if (group < groups) {
+        for (int d = (int)threadIdx.x % hd; d < hd; d += (blockDim.x >= hd ? hd : blockDim.x)) {
+            float acc = 0.0f;
+            for (int p = group; p < n_ctx; p += groups)
+                acc += scores[p] * ld(vc, (long long)slots[p] * kvd + (long long)g * hd + d);
+            partial[group * hd + d] = acc;
+        }
+    }
+    __syncthreads();
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (int p = 0; p < n_ctx; ++p) {
-            long long slot = (long long)table[p / bs] * bs + p % bs;
-            acc += scores[p] * ld(vc, slot * kvd + (long long)g * hd + d);
-        }
+        for (int s = 0; s < groups; ++s) acc += partial[s * hd + d];
         st(out, qoff + d, acc * inv);
     }
 }
