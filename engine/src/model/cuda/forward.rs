@@ -105,7 +105,12 @@ impl CudaBackend {
                 Arg::I(hd as i32),
                 Arg::F(scale),
             ];
-            self.kernels.launch("attention", dt, cfg((t as u32, nh as u32), ATTENTION_THREADS as u32, attn_shared), &args)?;
+            self.kernels.launch(
+                "attention",
+                dt,
+                cfg((t as u32, nh as u32), ATTENTION_THREADS as u32, attn_shared),
+                &args,
+            )?;
             self.linear(attn.ptr(), lw.o.ptr(), tmp.ptr(), t, qd, h)?;
             self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
             self.rmsnorm(x.ptr(), 0, lw.mlp_norm.ptr(), hn.ptr(), t)?;
