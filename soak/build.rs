@@ -42,16 +42,19 @@ fn dumper() {
     assert!(status.success(), "building {src} failed ({status})");
 }
 
-/// What the external-profiling tests need on this machine, as cfgs: `plateau_memray` when
-/// python3 imports memray, `plateau_cc` when cc runs, `plateau_libjemalloc` when Debian's
+/// What the external-profiling tests need on this machine, as cfgs: `plateau_python3` when python3
+/// runs, `plateau_memray` when python3 imports memray, `plateau_cc` when cc runs, `plateau_libjemalloc` when Debian's
 /// libjemalloc2 is installed. A test whose tool is missing is reported as ignored, with why.
 fn optional_tools() {
     use std::process::Command;
-    for cfg in ["plateau_memray", "plateau_cc", "plateau_libjemalloc"] {
+    for cfg in ["plateau_python3", "plateau_memray", "plateau_cc", "plateau_libjemalloc"] {
         println!("cargo::rustc-check-cfg=cfg({cfg})");
     }
     println!("cargo::rerun-if-env-changed=PATH");
     let runs = |cmd: &str, args: &[&str]| Command::new(cmd).args(args).output().is_ok_and(|o| o.status.success());
+    if runs("python3", &["--version"]) {
+        println!("cargo::rustc-cfg=plateau_python3");
+    }
     if runs("python3", &["-c", "import memray"]) {
         println!("cargo::rustc-cfg=plateau_memray");
     }

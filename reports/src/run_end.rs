@@ -54,6 +54,13 @@ pub struct ControlRecord {
     /// What sleep phases asked that the dialect cannot do over HTTP, each with how often.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lacking: Vec<String>,
+    /// Each kind of control call sent, answered or not: a call that failed counts here and not
+    /// in `calls`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub sent: std::collections::BTreeMap<String, u64>,
+    /// The call that failed, if one did: the call, what it asked, and what came back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
 }
 
 /// The count and wall-clock times of one kind of control call, in milliseconds.

@@ -120,6 +120,11 @@ fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
     let Some(top) = g.sites.first() else { return };
     m.sites = g.sites.clone();
     m.reason.push_str(&format!("; grown at {}", at(top)));
+    // The same process's other memory gauges that failed hold what the replay explained too.
+    for other in v.metrics.iter_mut().filter(|o| g.also.contains(&o.name) && o.status == Status::Fail) {
+        other.sites = g.sites.clone();
+        other.reason.push_str(&format!("; grown at {} (the replay of {})", at(top), g.metric));
+    }
     v.attribution.push(format!(
         "site: {} gains {}/iteration ({:.1} objects/iteration) of the replay's {}/iteration (profiled replay, iterations {}..{}; growth.txt)",
         at(top),

@@ -387,7 +387,7 @@ fn a_deployments_role_that_grew_is_replayed_alone_under_the_profiler() {
     // Only the decode process ran under memray in the replay.
     let growth: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("growth.json")).unwrap()).unwrap();
     let command = growth.to_string();
-    assert!(command.contains("--spawn-env decode:PYTHONPATH=") && !command.contains("prefill:"), "{command}");
+    assert!(command.contains("--profile-process decode") && !command.contains("prefill:"), "{command}");
 }
 
 #[test]

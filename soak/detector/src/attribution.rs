@@ -16,9 +16,38 @@ fn kernel_family(name: &str) -> bool {
         .any(|f| name.contains(f))
 }
 
-/// The process a metric belongs to: its role prefix (`decode.`), or "" for this process.
+/// The process a metric belongs to: its role prefix (`decode.`, `target.engine_core.`), or "" for
+/// this process.
 fn process_of(name: &str) -> &str {
-    ["jemalloc.", "proc."].iter().find_map(|f| name.find(f).map(|i| &name[..i])).unwrap_or("")
+    ["jemalloc.", "proc.", "py.", "malloc."].iter().find_map(|f| name.find(f).map(|i| &name[..i])).unwrap_or("")
+}
+
+/// Whether a process's Python layers are in the samples (plateau's hook in a Python server):
+/// its objects, pymalloc's arenas, malloc in use and malloc's free memory.
+fn python_layered(s: &Samples, process: &str) -> bool {
+    ["py.object_bytes", "malloc.in_use_bytes"].iter().any(|l| s.header.metrics.contains_key(&format!("{process}{l}")))
+}
+
+/// Where a failing gauge of a Python process is, from which of its layers failed: objects it
+/// keeps, malloc's heap (larger objects and native memory), pages its allocators keep, or
+/// memory outside both heaps.
+fn python_location(name: &str, failing: &dyn Fn(&str) -> bool) -> String {
+    let p = process_of(name);
+    let layer = &name[p.len()..];
+    match layer {
+        "py.object_bytes" => "Python objects the program keeps (pymalloc's blocks)".into(),
+        "malloc.in_use_bytes" => "malloc's heap in use: Python's larger objects or native memory".into(),
+        "py.arena_bytes" => "pages pymalloc keeps (its arenas), an overhead on the objects in them".into(),
+        "malloc.free_bytes" => "freed memory malloc keeps instead of returning it".into(),
+        _ if failing(&format!("{p}py.object_bytes")) => "process memory, with Python objects kept".into(),
+        _ if failing(&format!("{p}malloc.in_use_bytes")) => {
+            "process memory, with malloc's heap growing (larger objects or native memory)".into()
+        }
+        _ if failing(&format!("{p}malloc.free_bytes")) || failing(&format!("{p}py.arena_bytes")) => {
+            "process memory: pages the allocators keep while what the program holds stays level".into()
+        }
+        _ => "process memory outside the Python and malloc heaps (other mappings), both level".into(),
+    }
 }
 
 /// A heap growing at less than this fraction of a process's growth outside it is a side effect
@@ -71,11 +100,15 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
     // Per process: is its growth outside the heap? (Its kernel-view growth is not the heap's.)
     // A process that reports no allocator statistics (a server under test that is not plateau's)
     // cannot have its heap told apart from its other memory.
-    let unknown_heap = |name: &str| !s.header.metrics.contains_key(&format!("{}jemalloc.allocated", process_of(name)));
+    let unknown_heap = |name: &str| {
+        let p = process_of(name);
+        !s.header.metrics.contains_key(&format!("{p}jemalloc.allocated")) && !python_layered(s, p)
+    };
+    let layered = |name: &str| python_layered(s, process_of(name));
     let snapshot: Vec<(String, f64, f64, bool)> = metrics
         .iter()
         .filter(|m| m.status == Status::Fail && m.kind == "gauge" && kernel_family(&m.name) && !unknown_heap(&m.name))
-        .filter(|m| m.location.is_none())
+        .filter(|m| m.location.is_none() && !layered(&m.name))
         .map(|m| {
             let heap = format!("{}jemalloc.allocated", process_of(&m.name));
             let out_rate = m.trend.as_ref().map_or(0.0, |t| t.slope_per_iter);
@@ -84,8 +117,18 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
             (m.name.clone(), out_rate, heap_rate, outside)
         })
         .collect();
+    let failing_now: Vec<String> =
+        metrics.iter().filter(|m| m.status == Status::Fail).map(|m| m.name.clone()).collect();
+    let fails = |n: &str| failing_now.iter().any(|f| f == n);
     for m in metrics.iter_mut().filter(|m| m.status == Status::Fail && m.kind == "gauge") {
         let outside = snapshot.iter().find(|x| x.0 == m.name).map(|x| x.3);
+        if layered(&m.name) && m.location.is_none() {
+            m.location = Some(python_location(&m.name, &fails));
+            if !moved_text.is_empty() {
+                m.reason.push_str(&format!("; moved with it: {}", moved_text.join(", ")));
+            }
+            continue;
+        }
         // Already named by the overhead rule (the allocator's overhead on a levelled heap).
         let named = m.location.take();
         m.location = Some(match outside {
@@ -135,6 +178,43 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
             lead.0,
             fmt_value(lead.1, "bytes"),
         ));
+    }
+    // A Python process (plateau's hook), per process: which of its layers grew.
+    let mut py_processes: Vec<&str> = metrics
+        .iter()
+        .filter(|m| m.status == Status::Fail && m.kind == "gauge" && layered(&m.name))
+        .map(|m| process_of(&m.name))
+        .collect();
+    py_processes.sort_unstable();
+    py_processes.dedup();
+    for p in py_processes {
+        let rate = |layer: &str| fmt_value(slope_of(metrics, &format!("{p}{layer}")), "bytes");
+        let grew: Vec<&str> = metrics
+            .iter()
+            .filter(|m| m.status == Status::Fail && process_of(&m.name) == p)
+            .map(|m| &m.name[p.len()..])
+            .collect();
+        let has = |l: &str| grew.contains(&l);
+        let who = p.trim_end_matches('.');
+        out.push(if has("py.object_bytes") {
+            format!("{who}: the program keeps Python objects (py.object_bytes {}/iteration)", rate("py.object_bytes"))
+        } else if has("malloc.in_use_bytes") {
+            format!(
+                "{who}: malloc's heap in use grows ({}/iteration) while Python's small objects stay level: larger objects or native memory",
+                rate("malloc.in_use_bytes")
+            )
+        } else if has("malloc.free_bytes") || has("py.arena_bytes") {
+            format!(
+                "{who}: the allocators keep pages (malloc.free_bytes {}/iteration, py.arena_bytes {}/iteration) while what the program holds stays level",
+                rate("malloc.free_bytes"),
+                rate("py.arena_bytes")
+            )
+        } else {
+            format!(
+                "{who}: {} grow while Python's objects and malloc's heap stay level: memory outside both (other mappings)",
+                grew.join(", ")
+            )
+        });
     }
     let unknown: Vec<&MetricVerdict> = metrics
         .iter()

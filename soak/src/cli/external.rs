@@ -59,6 +59,18 @@ pub struct ExternalArgs {
     /// fills the file's `{inject}`.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["target", "pid", "spawn"], help_heading = "External target")]
     pub(super) topology: Option<PathBuf>,
+    /// Do not put plateau's hook into the spawned server's Python processes. By default the
+    /// hook (a `sitecustomize` module first on their PYTHONPATH, which runs the environment's own
+    /// after it) reports each Python process's objects, its allocators' holdings and malloc's
+    /// (`target.ROLE.py.*`, `target.ROLE.malloc.*`) at every quiescent point, and starts memray
+    /// inside the process that grew for a profiled replay.
+    #[arg(long, help_heading = "External target")]
+    pub(super) no_python_hook: bool,
+    /// The profiled replay's own side (set by plateau for the child it runs): record memray
+    /// inside these processes over the window (a role of the server's processes, a deployment's
+    /// role, or * for all).
+    #[arg(long, hide = true, value_name = "ROLE", help_heading = "External target")]
+    pub(super) profile_process: Option<String>,
 }
 
 /// Seconds a spawned server may take to start and answer: vLLM and SGLang load a model first.
@@ -101,6 +113,9 @@ impl ExternalArgs {
         }
         if let Some(d) = self.dialect {
             args.extend(["--dialect".to_string(), d.name().to_string()]);
+        }
+        if self.no_python_hook {
+            args.push("--no-python-hook".into());
         }
         use super::sites::Started;
         let started = match (&self.topology, &self.spawn) {

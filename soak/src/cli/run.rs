@@ -239,6 +239,8 @@ pub fn main(a: Args) -> u8 {
                 spawn_env: external.spawn_env.clone(),
                 dialect: external.dialect,
                 topology: topology.clone(),
+                python_hook: !external.no_python_hook,
+                profile_process: external.profile_process.clone(),
             };
             plateau_soak::external::run(&s, &opts, &ext)
         }

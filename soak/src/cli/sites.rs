@@ -99,17 +99,104 @@ pub enum Started<'a> {
     Deployment { topology: &'a std::path::Path, injections: Vec<String>, roles: Vec<String> },
 }
 
-/// The server's process memory gauges a profiled replay explains, in order of preference: memory
-/// that is the program's own (anonymous), then all of it. A deployment's are under each role
-/// (`decode.target.proc.rss_anon`).
-const SERVER_MEMORY: [&str; 3] = ["target.proc.rss_anon", "target.proc.rss", "target.proc.anon_bytes"];
+/// The gauges of a process's memory a profiled replay explains, the most telling first: objects a
+/// Python program keeps (plateau's hook), what malloc hands out (its larger objects and native
+/// memory), then the kernel's view of its pages and of its address space.
+const PROCESS_MEMORY: [&str; 5] =
+    ["py.object_bytes", "malloc.in_use_bytes", "proc.rss_anon", "proc.rss", "proc.anon_bytes"];
+
+/// The layers of a Python process's heap as plateau's hook reads them: together, what a memray
+/// replay of the process sees (every allocation, Python's small objects and malloc's alike).
+const HEAP_LAYERS: [&str; 2] = ["py.object_bytes", "malloc.in_use_bytes"];
+
+/// What a replay explains: the gauge and the process it belongs to.
+#[derive(Debug, Clone, PartialEq)]
+struct Chosen {
+    /// The deployment's role the process belongs to, if any.
+    scope: Option<String>,
+    /// The process within the server's tree (`engine_core`), or None for the whole tree (the sums).
+    process: Option<String>,
+    metric: String,
+    slope: f64,
+}
+
+/// The processes of a server's tree with gauges of their own: `engine_core` of
+/// `target.engine_core.proc.rss_anon` (`scope`: under a deployment's role, `decode.target.`).
+fn tree_processes(names: &[&str], scope: Option<&str>) -> Vec<String> {
+    let prefix = match scope {
+        Some(r) => format!("{r}.target."),
+        None => "target.".to_string(),
+    };
+    let mut out: Vec<String> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix(&prefix)?.strip_suffix(".proc.rss_anon"))
+        .filter(|p| !p.contains('.'))
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The gauge a replay explains. Scopes are a deployment's roles in start order (else the one
+/// server). The first family of [`PROCESS_MEMORY`] that fails anywhere decides; within it, a
+/// process of the tree before the tree's sums, the fastest-growing process first, and the first
+/// role (in start order) of a deployment before later ones. With `profile` and none failing: the
+/// process whose anonymous pages grew fastest.
+fn choose(gauges: &[(&str, Status, f64)], scopes: &[Option<&str>], profile: bool) -> Option<Chosen> {
+    let names: Vec<&str> = gauges.iter().map(|g| g.0).collect();
+    let find = |name: &str| gauges.iter().find(|g| g.0 == name);
+    let base = |scope: Option<&str>| scope.map_or_else(|| "target.".to_string(), |r| format!("{r}.target."));
+    let candidates = |family: &str, failing: bool| -> Vec<Chosen> {
+        let mut out = Vec::new();
+        for &scope in scopes {
+            let mut per_process: Vec<Chosen> = tree_processes(&names, scope)
+                .into_iter()
+                .filter_map(|p| {
+                    let metric = format!("{}{p}.{family}", base(scope));
+                    let g = find(&metric)?;
+                    (!failing || g.1 == Status::Fail).then(|| Chosen {
+                        scope: scope.map(str::to_string),
+                        process: Some(p),
+                        metric,
+                        slope: g.2,
+                    })
+                })
+                .collect();
+            per_process.sort_by(|a, b| b.slope.total_cmp(&a.slope));
+            out.extend(per_process);
+            let sum = format!("{}{family}", base(scope));
+            if let Some(g) = find(&sum).filter(|g| !failing || g.1 == Status::Fail) {
+                out.push(Chosen { scope: scope.map(str::to_string), process: None, metric: sum, slope: g.2 });
+            }
+        }
+        out
+    };
+    // What the program holds first (the objects it keeps and malloc's heap, the faster of the two:
+    // a replay sees both), then the kernel's view.
+    let mut heap = [candidates(HEAP_LAYERS[0], true), candidates(HEAP_LAYERS[1], true)].concat();
+    heap.sort_by(|a, b| b.slope.total_cmp(&a.slope));
+    if let Some(c) = heap.into_iter().next() {
+        return Some(c);
+    }
+    for family in &PROCESS_MEMORY[HEAP_LAYERS.len()..] {
+        if let Some(c) = candidates(family, true).into_iter().next() {
+            return Some(c);
+        }
+    }
+    if !profile {
+        return None;
+    }
+    candidates("proc.rss_anon", false).into_iter().max_by(|a, b| a.slope.total_cmp(&b.slope))
+}
 
 /// After a run against a server whose process memory failed (or with --profile): a profiled
 /// replay against a fresh server plateau starts (`--spawn`), which names the allocating lines;
 /// for a deployment, the deployment started again with the role that grew under the profiler.
-/// Why nothing could be named (a server given by --pid, one with its own allocator, no profiler
-/// installed) goes into the verdict instead. Some(exit code) when the verdict could not be drawn
-/// again.
+/// Of a server of several processes, the process that grew is the one a Python server's replay
+/// records. Why nothing could be named (a server given by --pid, one with its own allocator, no
+/// profiler installed) goes into the verdict instead. Some(exit code) when the verdict could not
+/// be drawn again.
 pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &ServerRun, profile: bool) -> Option<u8> {
     if opts.profile_window.is_some() || r.interrupted {
         return None;
@@ -119,27 +206,20 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
         Started::Deployment { roles, .. } => roles.iter().map(|r| Some(r.as_str())).collect(),
         _ => vec![None],
     };
-    let name_in = |scope: Option<&str>, n: &str| scope.map_or_else(|| n.to_string(), |r| format!("{r}.{n}"));
-    let gauge = |name: &str| r.verdict.metrics.iter().find(|m| m.name == name && m.trend.is_some());
-    // The first role (in start order) with a failing gauge, its most telling one; with --profile
-    // and none failing, the preferred gauge of the process that grew most.
-    let failing = scopes.iter().find_map(|&sc| {
-        SERVER_MEMORY.iter().find_map(|n| gauge(&name_in(sc, n)).filter(|m| m.status == Status::Fail).map(|m| (sc, m)))
-    });
-    let slope = |m: &plateau_reports::MetricVerdict| m.trend.as_ref().map_or(0.0, |t| t.slope_per_iter);
-    let chosen = failing.or_else(|| {
-        if !profile {
-            return None;
-        }
-        scopes
-            .iter()
-            .filter_map(|&sc| SERVER_MEMORY.iter().find_map(|n| gauge(&name_in(sc, n))).map(|m| (sc, m)))
-            .max_by(|a, b| slope(a.1).total_cmp(&slope(b.1)))
-    });
-    let (scope, m) = chosen?;
-    let (metric, slope) = (m.name.clone(), slope(m));
+    let gauges: Vec<(&str, Status, f64)> = r
+        .verdict
+        .metrics
+        .iter()
+        .filter_map(|m| Some((m.name.as_str(), m.status, m.trend.as_ref()?.slope_per_iter)))
+        .collect();
+    let chosen = choose(&gauges, &scopes, profile)?;
+    let (metric, slope) = (chosen.metric.clone(), chosen.slope);
+    let scope = chosen.scope.as_deref();
+    // The process's own prefix: its other gauges are weighed against the replay's live heap too.
+    let own = metric.rsplitn(3, '.').nth(2).map(|p| format!("{p}.")).unwrap_or_default();
+    let has_gauge = |n: &str| gauges.iter().any(|g| g.0 == n);
     // A server's process memory is weighed against its live heap where it still grew: the run's
-    // last iterations, after any cache filled (its profiler starts with the server).
+    // last iterations, after any cache filled.
     let (start, end) = replay_window(r.verdict.warmup_iterations, r.iterations, Some(r.iterations));
     let note = |why: String| GrowthRecord {
         metric: metric.clone(),
@@ -155,7 +235,26 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
             Some(Launch::Role { topology, injections, role: scope.unwrap_or_default() })
         }
     };
-    let record = match (launch, read_kind(&r.out_dir, scope)) {
+    // A process of the tree that answered plateau's hook is a Python process whatever its root is.
+    let answered_hook = has_gauge(&format!("{own}py.object_bytes")) || has_gauge(&format!("{own}malloc.in_use_bytes"));
+    let kind = read_kind(&r.out_dir, scope).map(|k| match (k, answered_hook) {
+        (ServerKind::Python { exe } | ServerKind::Native { exe } | ServerKind::OwnAllocator { exe, .. }, true) => {
+            ServerKind::Python { exe }
+        }
+        (k, false) => k,
+    });
+    let process = match (&chosen.process, scope) {
+        (Some(p), _) => p.clone(),
+        (None, Some(role)) => role.to_string(),
+        (None, None) => "*".to_string(),
+    };
+    let whose = match (&chosen.process, scope) {
+        (Some(p), Some(r)) => format!("the {p} process of {r}: "),
+        (Some(p), None) => format!("the {p} process: "),
+        (None, Some(r)) => format!("the {r} process: "),
+        (None, None) => String::new(),
+    };
+    let record = match (launch, kind) {
         _ if end <= start => note("the run ended within its warm-up: no window to replay".into()),
         (None, _) => note(
             "the server was given by --pid: a profiled replay starts a fresh server under a profiler, so give its command with --spawn to name the allocating line".into(),
@@ -179,22 +278,22 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
                 end_iter: end,
                 run_dir: &r.out_dir,
                 metric: &metric,
-                run_bytes_per_iter: window_rate(&r.out_dir, &metric, start, end).unwrap_or(slope),
+                run_bytes_per_iter: run_rate(&r.out_dir, &metric, &own, start, end, &has_gauge).unwrap_or(slope),
                 requests_per_iter: r.verdict.requests_per_iter,
                 kind: &kind,
-                also: SERVER_MEMORY
+                also: PROCESS_MEMORY
                     .iter()
-                    .map(|n| name_in(scope, n))
-                    .filter(|n| *n != metric && gauge(n).is_some())
+                    .map(|n| format!("{own}{n}"))
+                    .filter(|n| *n != metric && has_gauge(n))
                     .collect(),
+                process,
             };
             if !matches!(kind, ServerKind::OwnAllocator { .. }) {
-                let whose = scope.map(|r| format!("the {r} process: ")).unwrap_or_default();
                 eprintln!("plateau: {whose}{}; profiling a replay of iterations {start}..{end}", kind.describe());
             }
             match replay.run() {
                 Ok(_) => return rejudge(r),
-                Err(e) => note(scope.map_or(e.clone(), |r| format!("the {r} process: {e}"))),
+                Err(e) => note(format!("{whose}{e}")),
             }
         }
     };
@@ -204,6 +303,29 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
         return Some(HARNESS);
     }
     rejudge(r)
+}
+
+/// The run's rate over the replay's window of what the replay measures: for a layer of a Python
+/// process's heap, both layers together (memray sees Python's small objects and malloc's alike);
+/// else the gauge itself.
+fn run_rate(
+    dir: &std::path::Path,
+    metric: &str,
+    own: &str,
+    start: u64,
+    end: u64,
+    has_gauge: &dyn Fn(&str) -> bool,
+) -> Option<f64> {
+    if !HEAP_LAYERS.iter().any(|l| metric == format!("{own}{l}")) {
+        return window_rate(dir, metric, start, end);
+    }
+    let rates: Vec<f64> = HEAP_LAYERS
+        .iter()
+        .map(|l| format!("{own}{l}"))
+        .filter(|n| has_gauge(n))
+        .filter_map(|n| window_rate(dir, &n, start, end))
+        .collect();
+    (!rates.is_empty()).then(|| rates.iter().sum())
 }
 
 /// What kind of program the server was (server.json, written while it ran), or a deployment's
@@ -236,7 +358,36 @@ fn rejudge(r: &mut driver::RunResult) -> Option<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::replay_window;
+    use super::{choose, replay_window, Chosen};
+    use plateau_reports::Status::{Fail, Pass};
+
+    #[test]
+    fn the_process_that_grew_is_replayed_and_objects_kept_come_first() {
+        let g = [
+            ("target.proc.rss_anon", Fail, 9000.0),
+            ("target.api_server.proc.rss_anon", Fail, 8000.0),
+            ("target.api_server.malloc.in_use_bytes", Fail, 7000.0),
+            ("target.worker.proc.rss_anon", Fail, 1000.0),
+            ("target.worker.malloc.in_use_bytes", Fail, 900_000.0),
+            ("target.engine_core.proc.rss_anon", Pass, 10.0),
+            ("target.engine_core.py.object_bytes", Fail, 30.0),
+        ];
+        // The heap layers come first, the fastest of them: here malloc's heap in the worker.
+        let c = choose(&g, &[None], false).unwrap();
+        assert_eq!((c.metric.as_str(), c.process.as_deref()), ("target.worker.malloc.in_use_bytes", Some("worker")));
+        let g2: Vec<_> = g.iter().copied().filter(|x| !x.0.contains("malloc.")).collect();
+        let c = choose(&g2, &[None], false).unwrap();
+        assert_eq!(c.metric, "target.engine_core.py.object_bytes", "a heap layer before any kernel figure");
+        // Only the tree's sum fails: the whole tree is replayed.
+        let c = choose(&[("target.proc.rss_anon", Fail, 5.0), ("target.a.proc.rss_anon", Pass, 1.0)], &[None], false)
+            .unwrap();
+        assert_eq!(c, Chosen { scope: None, process: None, metric: "target.proc.rss_anon".into(), slope: 5.0 });
+        assert!(choose(&[("target.proc.rss_anon", Pass, 5.0)], &[None], false).is_none());
+        // A deployment: the first role in start order with a failing gauge.
+        let d = [("prefill.target.proc.rss_anon", Pass, 1.0), ("decode.target.proc.rss_anon", Fail, 2.0)];
+        let c = choose(&d, &[Some("prefill"), Some("decode")], false).unwrap();
+        assert_eq!((c.scope.as_deref(), c.process), (Some("decode"), None));
+    }
 
     #[test]
     fn the_window_ends_where_the_growth_became_conclusive_and_holds_the_iterations_before() {

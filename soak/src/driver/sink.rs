@@ -1,5 +1,5 @@
-//! The samples file as a run writes it: the header, then one line per sample, straight to disk
-//! through a fixed buffer (the harness keeps no growing state of its own, so its memory cannot
+//! The samples file as a run writes it: the header, then one line per sample, each on disk when it
+//! is written, through a fixed buffer (the harness keeps no growing state of its own, so its memory cannot
 //! pass for the target's), with the run's clock and the timer of samples between quiescent points.
 
 use std::collections::BTreeMap;
@@ -36,6 +36,7 @@ impl Sink {
         let mut out = BufWriter::with_capacity(64 * 1024, file);
         serde_json::to_writer(&mut out, header).map_err(|e| RunError::Harness(e.to_string()))?;
         out.write_all(b"\n").map_err(|e| RunError::Harness(e.to_string()))?;
+        out.flush().map_err(|e| RunError::Harness(format!("{}: {e}", path.display())))?;
         let now = Instant::now();
         Ok(Sink { out, path: path.to_path_buf(), start: now, last_sample: now, interval })
     }
@@ -62,6 +63,8 @@ impl Sink {
         };
         serde_json::to_writer(&mut self.out, &line).map_err(|e| self.io_err(e.into()))?;
         self.out.write_all(b"\n").map_err(|e| self.io_err(e))?;
+        // On disk at once: a run is watched from outside while it goes (`tail -f`, a dashboard).
+        self.out.flush().map_err(|e| self.io_err(e))?;
         self.last_sample = Instant::now();
         Ok(())
     }

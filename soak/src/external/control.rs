@@ -45,6 +45,10 @@ pub struct Control {
     times: BTreeMap<&'static str, Vec<f64>>,
     /// What phases asked that the dialect lacks: (what, why) and how many phases asked.
     lacking: BTreeMap<(&'static str, String), u64>,
+    /// Calls sent per kind, answered or not.
+    sent: BTreeMap<&'static str, u64>,
+    /// The call that failed: its kind, what it asked and what came back.
+    failed: Option<String>,
 }
 
 impl Control {
@@ -62,6 +66,8 @@ impl Control {
             timeout,
             times: BTreeMap::new(),
             lacking: BTreeMap::new(),
+            sent: BTreeMap::new(),
+            failed: None,
         })
     }
 
@@ -119,13 +125,17 @@ impl Control {
     async fn update_weights(&mut self) -> Result<(), RunError> {
         let path = self.found.model_path.clone().unwrap_or_else(|| self.model.clone());
         let t = Instant::now();
-        let answer = self.post("/update_weights_from_disk", Some(json!({ "model_path": path }))).await?;
+        let call = "update weights";
+        *self.sent.entry(call).or_insert(0) += 1;
+        let answer = self.post("/update_weights_from_disk", Some(json!({ "model_path": path }))).await;
+        let answer = self.check(call, answer)?;
         if answer.get("success").and_then(Value::as_bool) == Some(false) {
-            return Err(RunError::Harness(format!(
+            let e = RunError::Harness(format!(
                 "POST {}/update_weights_from_disk (model_path {path}) answered success false: {}",
                 self.base,
                 answer.get("message").and_then(Value::as_str).unwrap_or("no message")
-            )));
+            ));
+            return self.check(call, Err(e));
         }
         self.took("update weights", t);
         Ok(())
@@ -134,9 +144,21 @@ impl Control {
     /// One call, timed.
     async fn timed(&mut self, call: &'static str, path: &str, body: Option<Value>) -> Result<(), RunError> {
         let t = Instant::now();
-        self.post(path, body).await?;
+        *self.sent.entry(call).or_insert(0) += 1;
+        let answer = self.post(path, body).await;
+        self.check(call, answer)?;
         self.took(call, t);
         Ok(())
+    }
+
+    /// A call's outcome: a failure is remembered (the run's end names it) and said with the
+    /// call's kind.
+    fn check<T>(&mut self, call: &'static str, r: Result<T, RunError>) -> Result<T, RunError> {
+        r.map_err(|e| {
+            let what = format!("the {call} call failed: {e}");
+            self.failed = Some(what.clone());
+            RunError::Harness(what)
+        })
     }
 
     /// One call that puts the engine to sleep (`asleep`) or wakes it, timed to the moment the
@@ -149,11 +171,15 @@ impl Control {
         asleep: bool,
     ) -> Result<(), RunError> {
         let t = Instant::now();
-        self.post(path, body).await?;
-        match self.found.dialect {
-            Dialect::Vllm => self.until_sleeping(asleep).await?,
-            _ => self.until_released(asleep).await?,
-        }
+        *self.sent.entry(call).or_insert(0) += 1;
+        let answer = self.post(path, body).await;
+        self.check(call, answer)?;
+        let state = match self.found.dialect {
+            Dialect::Vllm => self.until_sleeping(asleep).await,
+            _ => self.until_released(asleep).await,
+        };
+        let state = state.map_err(|e| RunError::Harness(format!("POST {}{path} was answered, then {e}", self.base)));
+        self.check(call, state)?;
         self.took(call, t);
         Ok(())
     }
@@ -246,16 +272,28 @@ impl Control {
                 .iter()
                 .map(|((what, why), n)| format!("{what}: {why}; skipped in {n} sleep phases"))
                 .collect(),
+            sent: self.sent.iter().map(|(k, n)| (k.to_string(), *n)).collect(),
+            failed: self.failed.clone(),
         }
     }
 
-    /// One line on the calls made: `sleep 150 (median 3.1 ms, max 9.0 ms), ...`.
+    /// One line on the calls sent: `sleep 150 (median 3.1 ms, max 9.0 ms), ...`; a call sent and
+    /// not answered as it should have been counts too (`sleep 1 sent, 0 answered`).
     pub fn summary(&self) -> String {
-        let calls: Vec<String> = self
-            .record()
-            .calls
+        let r = self.record();
+        let calls: Vec<String> = r
+            .sent
             .iter()
-            .map(|(k, t)| format!("{k} {} (median {:.1} ms, max {:.1} ms)", t.count, t.median_ms, t.max_ms))
+            .map(|(k, sent)| match r.calls.get(k) {
+                Some(t) if t.count == *sent => {
+                    format!("{k} {} (median {:.1} ms, max {:.1} ms)", t.count, t.median_ms, t.max_ms)
+                }
+                Some(t) => format!(
+                    "{k} {sent} sent, {} answered (median {:.1} ms, max {:.1} ms)",
+                    t.count, t.median_ms, t.max_ms
+                ),
+                None => format!("{k} {sent} sent, 0 answered"),
+            })
             .collect();
         if calls.is_empty() {
             "none".to_string()

@@ -61,7 +61,10 @@ impl OomWatch {
 
     /// One line on how the target ended: `status` is its exit status when plateau spawned it.
     pub fn describe(&self, status: Option<String>) -> String {
-        let how = status.unwrap_or_else(|| "is gone (not plateau's child: no exit status)".into());
+        let how = match status {
+            Some(s) => format!("exited ({s})"),
+            None => "is gone (not plateau's child: no exit status)".into(),
+        };
         let kills_after = self.events.as_deref().and_then(oom_kills);
         let cgroup = match (self.kills_before, kills_after) {
             (Some(a), Some(b)) if b > a => Some(format!(

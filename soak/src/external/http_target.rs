@@ -63,6 +63,10 @@ pub(super) struct Http<'a> {
     pub out_dir: std::path::PathBuf,
     /// A profiled replay's window as marked so far: (edge, iteration, wall clock in ms).
     pub window: Vec<(WindowEdge, u64, u64)>,
+    /// plateau's hook in the spawned server's Python processes, if the run put it there.
+    pub hook: Option<super::python::Hook>,
+    /// The processes memray records in, over a profiled replay's window.
+    pub memray_pids: Vec<i32>,
 }
 
 impl Http<'_> {
@@ -132,16 +136,16 @@ impl Http<'_> {
         }
         let t1 = Instant::now();
         p.cost_us.insert("scrape".into(), (t1 - t0).as_secs_f64() * 1e6);
-        if let Some(tree) = &self.tree {
-            let pids = tree.sample(&mut p.values);
+        if let Some(tree) = &mut self.tree {
+            let pids = tree.sample(&mut p.values, self.hook.as_ref());
             if let Some(g) = &self.gpu {
                 g.sample(&pids, &mut p.values);
             }
             self.last_mappings =
                 procfs::process::Process::new(tree.root()).map(|p| crate::mappings::of_process(&p)).unwrap_or_default();
         }
-        for d in &self.deployment.procs {
-            let pids = d.tree.sample(&mut p.values);
+        for d in &mut self.deployment.procs {
+            let pids = d.tree.sample(&mut p.values, self.hook.as_ref());
             if let Some(g) = &self.gpu {
                 g.sample_as(&format!("{}.{}", d.role, mapping::PREFIX), &pids, &mut p.values);
             }
@@ -163,6 +167,77 @@ impl Http<'_> {
         p.values.insert(REQUESTS.into(), self.requests_sent as f64);
         p.values.retain(|k, _| self.declared.contains_key(k));
         Ok(p)
+    }
+
+    /// The processes `--profile-process` names: a deployment role's tree, a role of the server's
+    /// tree, or every process of the server (`*`).
+    fn profiled_pids(&self, which: &str) -> Result<Vec<(i32, String)>, RunError> {
+        if let Some(p) = self.deployment.procs.iter().find(|p| p.role == which) {
+            return Ok(tree::descendants(p.target.pid).into_iter().map(|pid| (pid, which.to_string())).collect());
+        }
+        let Some(t) = &self.tree else {
+            return Err(RunError::Input(format!("--profile-process {which}: this run started no server")));
+        };
+        if which == "*" {
+            return Ok(tree::descendants(t.root()).into_iter().map(|pid| (pid, "*".to_string())).collect());
+        }
+        let found: Vec<(i32, String)> =
+            t.members().into_iter().filter(|(role, _)| role == which).map(|(role, pid)| (pid, role)).collect();
+        if found.is_empty() {
+            let roles: Vec<String> = t.members().into_iter().map(|(r, _)| r).collect();
+            return Err(RunError::Input(format!(
+                "--profile-process {which}: the server has no such process (its processes: {})",
+                if roles.is_empty() { "one, `*`".to_string() } else { roles.join(", ") }
+            )));
+        }
+        Ok(found)
+    }
+
+    /// Starts memray inside the profiled processes through the hook: each writes
+    /// `memray.<pid>.bin`; `memray-processes.json` says which, with their interpreters. Without
+    /// memray in the server's environment, `memray.no-memray` names the interpreter to install it
+    /// into.
+    fn memray_start(&mut self, which: &str, out_dir: &std::path::Path) -> Result<(), RunError> {
+        let hook = self.hook.as_ref().ok_or_else(|| {
+            RunError::Input("--profile-process: the server's processes have no plateau hook (--no-python-hook)".into())
+        })?;
+        let mut tracked = Vec::new();
+        let mut no_memray = None;
+        for (pid, role) in self.profiled_pids(which)? {
+            let path = out_dir.join(format!("memray.{pid}.bin"));
+            let answer = hook
+                .ask(pid, &format!("memray-start {}", path.display()), MEMRAY_CALL)
+                .map_err(|e| RunError::Harness(format!("starting memray in process {pid}: {e}")))?;
+            let Some(v) = answer else { continue };
+            if v["ok"].as_bool() == Some(true) {
+                self.memray_pids.push(pid);
+                tracked.push(serde_json::json!({"pid": pid, "role": role, "executable": v["executable"]}));
+            } else if v["error"] == "no memray" {
+                no_memray = v["executable"].as_str().map(str::to_string);
+            } else {
+                return Err(RunError::Harness(format!("starting memray in process {pid}: {}", v["error"])));
+            }
+        }
+        if let (true, Some(exe)) = (tracked.is_empty(), no_memray) {
+            let marker = out_dir.join("memray.no-memray");
+            std::fs::write(&marker, format!("{exe}\n"))
+                .map_err(|e| RunError::Harness(format!("{}: {e}", marker.display())))?;
+        }
+        crate::driver::write_json(&out_dir.join("memray-processes.json"), &tracked)
+    }
+
+    /// Stops memray in the processes it records in: each capture is complete when its answer
+    /// comes.
+    fn memray_stop(&mut self) -> Result<(), RunError> {
+        let Some(hook) = &self.hook else { return Ok(()) };
+        for pid in std::mem::take(&mut self.memray_pids) {
+            match hook.ask(pid, "memray-stop", MEMRAY_CALL) {
+                Ok(Some(v)) if v["ok"].as_bool() == Some(true) => {}
+                Ok(other) => eprintln!("plateau: stopping memray in process {pid}: {other:?}"),
+                Err(e) => eprintln!("plateau: stopping memray in process {pid}: {e}"),
+            }
+        }
+        Ok(())
     }
 
     /// Sends a phase's requests and waits for all of them. The first failure stops the phase:
@@ -199,6 +274,20 @@ fn client_action(a: plan::Action) -> Action {
         plan::Action::Refuse { what } => Action::ExpectRefusal { as_tokens: what.contains("vocabulary") },
     }
 }
+
+/// Lines of a spawned server's output a failed run quotes.
+const LOG_LINES: usize = 12;
+
+/// The last `n` lines of a file (at most 4 KiB of them), for a message.
+fn last_lines(path: &std::path::Path, n: usize) -> String {
+    let text = target::tail(path, 4096);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("  | {l}")).collect::<Vec<_>>().join("\n")
+}
+
+/// How long starting or stopping memray in one process may take: stopping writes out what the
+/// tracker still buffers.
+const MEMRAY_CALL: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How long a run that failed waits for its target process to be seen dead: the time between a
 /// killed process closing its sockets and becoming a zombie, generously, on a loaded machine.
@@ -276,6 +365,14 @@ impl Target for HttpTarget<'_> {
             super::profile::native::request_dump(std::path::Path::new(&request), pid, &out_dir.join(edge.dump_file()))
                 .map_err(RunError::Harness)?;
         }
+        // A Python server's replay: memray inside the processes that grew, for the window only.
+        if let Some(which) = self.http.ext.profile_process.clone() {
+            match edge {
+                WindowEdge::Start => self.http.memray_start(&which, out_dir)?,
+                WindowEdge::End => self.http.memray_stop()?,
+                WindowEdge::Mid => {}
+            }
+        }
         let marks: Vec<serde_json::Value> = self
             .http
             .window
@@ -305,14 +402,36 @@ impl Target for HttpTarget<'_> {
         // A target that ended before the run did: how, before anything else touches it. A
         // process killed by a signal closes its sockets before it is reaped, so a run that failed
         // on a reset connection may look at it a moment too early: it is given that moment.
-        let target_exit = match (failed, self.http.target.as_mut(), &self.http.oom) {
+        let root_exit = match (failed, self.http.target.as_mut(), &self.http.oom) {
             (Some(_), Some(t), Some(w)) => ended_within(t, DEATH_GRACE).then(|| w.describe(t.exit_status())),
             _ => None,
         };
+        // A run that failed names what of the server is gone (an engine core killed while its API
+        // server lives on) and the end of what the server wrote.
+        let target_exit = match failed {
+            Some(_) => {
+                let mut parts: Vec<String> = root_exit.into_iter().collect();
+                let gone = self.http.tree.as_ref().map(tree::Tree::vanished).unwrap_or_default();
+                if !gone.is_empty() {
+                    parts.push(format!("processes of the server that are gone: {}", gone.join(", ")));
+                }
+                let log = self.http.out_dir.join("target.log");
+                if self.http.target.is_some() && log.exists() {
+                    let lines = last_lines(&log, LOG_LINES);
+                    parts.push(match lines.is_empty() {
+                        true => format!("the server wrote nothing ({})", log.display()),
+                        false => format!("the server's output ({}) ends:\n{lines}", log.display()),
+                    });
+                }
+                (!parts.is_empty()).then(|| parts.join("; "))
+            }
+            None => None,
+        };
         // What kind of program the server is, read while it still runs: which profiler can see
         // its heap, for a replay that names the allocating line.
-        if let Some(t) = &self.http.target {
-            match super::profile::classify(t.pid) {
+        let running = self.http.target.as_mut().and_then(|t| t.alive().then_some(t.pid));
+        if let Some(pid) = running {
+            match super::profile::classify(pid) {
                 Ok(kind) => {
                     if let Err(e) = crate::driver::write_json(&self.http.out_dir.join("server.json"), &kind) {
                         eprintln!("plateau: server.json: {e}");

@@ -23,6 +23,7 @@ pub mod exposition;
 pub mod gpu;
 pub mod mapping;
 pub mod profile;
+pub mod python;
 pub mod target;
 pub mod topology;
 pub mod tree;
@@ -69,6 +70,13 @@ pub struct ExternalOptions {
     /// `--topology`: the processes of a deployment, started in order and probed per role (`url`
     /// is then the topology's).
     pub topology: Option<topology::Topology>,
+    /// Put plateau's hook into the Python processes of what it spawns (the layers of their
+    /// memory; a profiled replay's memray). `--no-python-hook` leaves them alone.
+    pub python_hook: bool,
+    /// A profiled replay's own side (`--profile-process`): the processes whose Python heap memray
+    /// records over the window, through the hook: a role of the server's tree, a deployment's
+    /// role (its whole tree), or `*` for every process of the server.
+    pub profile_process: Option<String>,
 }
 
 /// The environment of one spawned process: `role`'s in a deployment (`ROLE:KEY` entries for it,
@@ -141,12 +149,14 @@ fn start_deployment(
     ext: &ExternalOptions,
     out_dir: &std::path::Path,
     runtime: &tokio::runtime::Runtime,
+    hook: Option<&python::Hook>,
 ) -> Result<Deployment, RunError> {
     let mut d = Deployment::default();
     for p in &topo.processes {
         let log = out_dir.join(format!("target-{}.log", p.role));
-        let mut t = target::Target::spawn(&p.spawn, &env_for(&ext.spawn_env, Some(&p.role)), &log)
-            .map_err(|e| RunError::Input(format!("process {}: {e}", p.role)))?;
+        let (cmd, env) = with_hook(hook, &p.spawn, env_for(&ext.spawn_env, Some(&p.role)));
+        let mut t =
+            target::Target::spawn(&cmd, &env, &log).map_err(|e| RunError::Input(format!("process {}: {e}", p.role)))?;
         let who = format!("{} process", p.role);
         runtime.block_on(wait_answering(
             &who,
@@ -156,11 +166,20 @@ fn start_deployment(
             ext.ready_timeout,
             &log,
         ))?;
-        let tree = tree::Tree::for_role(t.pid, &p.role);
+        let tree = tree::Tree::for_role(t.pid, &p.role, hook);
         eprintln!("plateau: {} started (pid {}): {}", p.role, t.pid, p.spawn);
         d.procs.push(RoleProcess { role: p.role.clone(), target: t, tree });
     }
     Ok(d)
+}
+
+/// A spawned process's command and environment with plateau's Python hook in them, where the run
+/// has one.
+fn with_hook(hook: Option<&python::Hook>, cmd: &str, env: Vec<(String, String)>) -> (String, Vec<(String, String)>) {
+    match hook {
+        Some(h) => (h.command(cmd), h.env(&env)),
+        None => (cmd.to_string(), env),
+    }
 }
 
 /// plateau's own figures recorded beside the target's, observed only: the load generator's memory.
@@ -325,9 +344,15 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         .build()
         .map_err(|e| RunError::Harness(format!("tokio runtime: {e}")))?;
     let log = opts.out_dir.join("target.log");
+    let spawns = ext.spawn.is_some() || ext.topology.is_some();
+    let hook = match ext.python_hook && spawns {
+        true => Some(python::Hook::create().map_err(|e| RunError::Harness(format!("plateau's Python hook: {e}")))?),
+        false => None,
+    };
     let mut target = match (&ext.spawn, ext.pid) {
         (Some(cmd), _) => {
-            Some(target::Target::spawn(cmd, &env_for(&ext.spawn_env, None), &log).map_err(RunError::Input)?)
+            let (cmd, env) = with_hook(hook.as_ref(), cmd, env_for(&ext.spawn_env, None));
+            Some(target::Target::spawn(&cmd, &env, &log).map_err(RunError::Input)?)
         }
         (None, Some(pid)) => Some(target::Target::attach(pid).map_err(RunError::Input)?),
         (None, None) => None,
@@ -336,7 +361,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         runtime.block_on(wait_ready(&ext.url, t, ext.ready_timeout, &log))?;
     }
     let deployment = match &ext.topology {
-        Some(topo) => start_deployment(topo, ext, &opts.out_dir, &runtime)?,
+        Some(topo) => start_deployment(topo, ext, &opts.out_dir, &runtime, hook.as_ref())?,
         None => Deployment::default(),
     };
     let client =
@@ -361,7 +386,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         )));
     }
     let oom = target.as_ref().map(|t| death::OomWatch::start(t.pid));
-    let tree = target.as_ref().map(|t| tree::Tree::new(t.pid));
+    let tree = target.as_ref().map(|t| tree::Tree::new(t.pid, hook.as_ref()));
     let gpu = match (tree.is_some() || !deployment.procs.is_empty(), gpu::GpuProbe::open()) {
         (true, Ok(g)) => Some(g),
         (true, Err(why)) => {
@@ -423,6 +448,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         shape: shape_of(scenario, plan.seed),
         out_dir: opts.out_dir.clone(),
         window: Vec::new(),
+        hook,
+        memray_pids: Vec::new(),
     };
     run_with(scenario, opts, plan, &mut HttpTarget { runtime, http })
 }

@@ -1,11 +1,14 @@
-//! A Python server's replay under memray: a `sitecustomize` module put first on the server's
-//! `PYTHONPATH` starts memray's tracker in every Python process of the server (one capture each,
-//! `replay/memray.<pid>.bin`), and after the replay a small reader run by the server's own
-//! interpreter (`memray_window.py`, through memray's API) sums, by Python stack, what was
-//! allocated inside the window and still held at its end, half by half.
+//! A Python server's replay under memray: plateau's hook ([`crate::external::python`]) is in every
+//! Python process of the server the replay starts; at the window's start the replay asks the
+//! processes that grew to start memray's tracker (one capture each, `replay/memray.<pid>.bin`,
+//! named with their interpreters in `replay/memray-processes.json`), and at its end to stop it, so
+//! the server runs at its own pace outside the window. After the replay, a small reader run by the
+//! server's own interpreter (`memray_window.py`, through memray's API; a virtual environment's
+//! python, where the server lives) sums, by Python stack, what was allocated inside the window and
+//! still held at its end, half by half.
 //!
 //! memray must be installed in the server's environment (`python -m pip install memray`); without
-//! it the module leaves a marker and plateau says how to install it.
+//! it the replay leaves a marker and plateau says how to install it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,26 +17,28 @@ use super::Window;
 use crate::heapprof::symbolize::Frame;
 use crate::heapprof::{Growth, StackGrowth};
 
-const SITECUSTOMIZE: &str = include_str!("memray_site.py");
 const READER: &str = include_str!("memray_window.py");
 
-/// Writes the start-up module and the reader into the replay's directory; the environment the
-/// server starts with.
+/// Writes the reader into the replay's directory; the environment the server starts with (none:
+/// the hook is in every server plateau starts).
 pub fn prepare(out: &Path) -> Result<Vec<(String, String)>, String> {
-    let py = out.join("py");
-    let write = |p: PathBuf, text: &str| std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()));
-    std::fs::create_dir_all(&py).map_err(|e| format!("{}: {e}", py.display()))?;
-    write(py.join("sitecustomize.py"), SITECUSTOMIZE)?;
-    write(out.join("memray_window.py"), READER)?;
-    let path = match std::env::var("PYTHONPATH") {
-        Ok(p) if !p.is_empty() => format!("{}:{p}", py.display()),
-        _ => py.display().to_string(),
-    };
-    Ok(vec![("PYTHONPATH".into(), path), ("PLATEAU_MEMRAY_OUT".into(), out.join("memray").display().to_string())])
+    let p = out.join("memray_window.py");
+    std::fs::write(&p, READER).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(Vec::new())
 }
 
-/// The growth inside `window` from the replay's captures, read by the server's interpreter `exe`.
-pub fn growth(exe: &Path, out: &Path, window: &Window) -> Result<Growth, String> {
+/// The processes the replay recorded, from `memray-processes.json`: (pid, interpreter).
+fn recorded(out: &Path) -> Result<Vec<(i64, Option<String>)>, String> {
+    let p = out.join("memray-processes.json");
+    let text =
+        std::fs::read_to_string(&p).map_err(|e| format!("{}: {e} (did the replay reach its window?)", p.display()))?;
+    let v: Vec<serde_json::Value> = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(v.iter().filter_map(|t| Some((t["pid"].as_i64()?, t["executable"].as_str().map(str::to_string)))).collect())
+}
+
+/// The growth inside `window` from the replay's captures, read by the recorded processes' own
+/// interpreter (else `exe`, the server's as the run saw it).
+pub fn growth(exe: &Path, out: &Path, window: &Window, package: Option<&str>) -> Result<Growth, String> {
     let marker = out.join("memray.no-memray");
     if marker.exists() {
         let python = std::fs::read_to_string(&marker).unwrap_or_default();
@@ -42,37 +47,81 @@ pub fn growth(exe: &Path, out: &Path, window: &Window) -> Result<Growth, String>
             "memray is not installed in the server's Python ({python}): install it there (`{python} -m pip install memray`) and run again with --profile to name the allocating line"
         ));
     }
-    let mut captures: Vec<PathBuf> = std::fs::read_dir(out)
-        .map_err(|e| format!("{}: {e}", out.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("memray.") && n.ends_with(".bin"))
-        })
-        .collect();
-    captures.sort();
-    if captures.is_empty() {
+    let tracked = recorded(out)?;
+    if tracked.is_empty() {
         return Err(format!(
-            "the replay's server wrote no memray capture into {} (a wrapper that cleared PYTHONPATH, or Python in a container?)",
-            out.display()
+            "no Python process of the replay's server answered plateau's hook (see {}): a wrapper that clears PYTHONPATH, or Python in a container?",
+            out.join("memray-processes.json").display()
         ));
     }
-    let o = Command::new(exe)
+    let captures: Vec<PathBuf> =
+        tracked.iter().map(|(pid, _)| out.join(format!("memray.{pid}.bin"))).filter(|p| p.exists()).collect();
+    if captures.is_empty() {
+        return Err(format!("the replay's server wrote no memray capture into {}", out.display()));
+    }
+    let python = tracked.iter().find_map(|(_, e)| e.clone()).map(PathBuf::from).unwrap_or_else(|| exe.to_path_buf());
+    let o = Command::new(&python)
         .arg(out.join("memray_window.py"))
         .args(window.unix_ms.iter().map(u64::to_string))
         .args(&captures)
         .output()
-        .map_err(|e| format!("{}: {e}", exe.display()))?;
+        .map_err(|e| format!("{}: {e}", python.display()))?;
     if !o.status.success() {
         let err = String::from_utf8_lossy(&o.stderr);
-        return Err(format!("reading the memray captures failed: {}", err.lines().last().unwrap_or("")));
+        return Err(format!(
+            "reading the memray captures with {} failed: {}",
+            python.display(),
+            err.lines().last().unwrap_or("")
+        ));
     }
     let v: serde_json::Value =
         serde_json::from_slice(&o.stdout).map_err(|e| format!("the memray reader's output: {e}"))?;
-    from_reader(&v, exe, window)
+    from_reader(&v, &python, window, package)
+}
+
+/// The top-level package a Python server's command runs, whose frames are the server's own code
+/// (a site names its innermost one, not the library it called into): `python -m vllm.entrypoints
+/// ...` runs `vllm`; a console script such as `.../bin/vllm` imports its entry point (`from
+/// vllm.entrypoints.cli.main import main`). None for a script outside any package (then every
+/// frame outside the standard library is the server's own) or a command that is not Python.
+pub fn server_package(spawn: &str) -> Option<String> {
+    let words = shlex::split(spawn)?;
+    let mut rest =
+        words.iter().skip_while(|w| *w == "env" || w.ends_with("/env") || w.starts_with('-') || w.contains('='));
+    let program = rest.next()?;
+    let name = Path::new(program).file_name()?.to_string_lossy().into_owned();
+    let top = |module: &str| module.split('.').next().filter(|m| !m.is_empty()).map(str::to_string);
+    if name.starts_with("python") {
+        let args: Vec<&String> = rest.collect();
+        return args.iter().position(|a| *a == "-m").and_then(|i| args.get(i + 1)).and_then(|m| top(m));
+    }
+    let path = if program.contains('/') {
+        PathBuf::from(program)
+    } else {
+        std::env::var_os("PATH")
+            .and_then(|p| std::env::split_paths(&p).map(|d| d.join(program)).find(|c| c.is_file()))?
+    };
+    let head = std::fs::read(&path).ok()?;
+    let head = String::from_utf8_lossy(&head[..head.len().min(4096)]).into_owned();
+    if !head.starts_with("#!") || !head.lines().next()?.contains("python") {
+        return None;
+    }
+    // pip's console scripts import `re` and `sys`, then their entry point with `from`.
+    head.lines().find_map(|l| {
+        let module = l.trim().strip_prefix("from ")?.split_whitespace().next()?;
+        top(module).filter(|m| m != "__future__")
+    })
+}
+
+/// The package a file of a Python stack belongs to: the first folder after `site-packages/` or
+/// `dist-packages/`; None for a file outside them.
+fn package_of(file: &str) -> Option<&str> {
+    let i = file.find("-packages/")?;
+    file[i + "-packages/".len()..].split('/').next()
 }
 
 /// The reader's JSON as a growth: stacks counted where they grew in both halves of the window.
-fn from_reader(v: &serde_json::Value, exe: &Path, window: &Window) -> Result<Growth, String> {
+fn from_reader(v: &serde_json::Value, exe: &Path, window: &Window, package: Option<&str>) -> Result<Growth, String> {
     let stdlib = v["stdlib"].as_str().unwrap_or("");
     let stacks = v["stacks"].as_array().ok_or("the memray reader's output has no `stacks`")?;
     let mut g = Growth {
@@ -97,10 +146,13 @@ fn from_reader(v: &serde_json::Value, exe: &Path, window: &Window) -> Result<Gro
             .flatten()
             .map(|f| {
                 let file = f["file"].as_str().unwrap_or("?").to_string();
-                let own = !(file.starts_with('<')
+                let tooling = file.starts_with('<')
                     || (!stdlib.is_empty() && file.starts_with(stdlib) && !file.contains("-packages/"))
                     || file.contains("/memray/")
-                    || file.ends_with("sitecustomize.py"));
+                    || file.ends_with("sitecustomize.py");
+                // The server's own package where its command names one; else whatever is not the
+                // standard library's.
+                let own = !tooling && package.is_none_or(|p| package_of(&file) == Some(p));
                 vec![Frame {
                     function: f["function"].as_str().unwrap_or("?").to_string(),
                     file: Some(file),
@@ -155,11 +207,46 @@ mod tests {
             ]
         });
         let w = Window { iters: [20, 40, 60], unix_ms: [1, 2, 3] };
-        let g = from_reader(&v, Path::new("/usr/bin/python3"), &w).unwrap();
+        let g = from_reader(&v, Path::new("/usr/bin/python3"), &w, None).unwrap();
         assert_eq!(g.stacks.len(), 1);
         assert_eq!(g.one_half_only, (1, 1_048_576));
         let site = g.stacks[0].site().unwrap();
         assert_eq!((site.function.as_str(), site.line), ("keep_forever", Some(12)));
         assert_eq!(g.bytes_per_iter(), 15_000.0 / 40.0);
+    }
+
+    #[test]
+    fn a_server_s_own_package_holds_its_site_not_the_library_it_called() {
+        let v = serde_json::json!({
+            "stdlib": "/usr/lib/python3.11",
+            "stacks": [{"frames": [
+                {"function": "__call__", "file": "/v/lib/python3.11/site-packages/torch/_ops.py", "line": 875},
+                {"function": "forward", "file": "/v/lib/python3.11/site-packages/vllm/model_executor/models/llama.py", "line": 406},
+                {"function": "run", "file": "/usr/lib/python3.11/threading.py", "line": 9}],
+                "bytes_first_half": 10, "objects_first_half": 1, "bytes_second_half": 10, "objects_second_half": 1}]
+        });
+        let w = Window { iters: [20, 40, 60], unix_ms: [1, 2, 3] };
+        let g = from_reader(&v, Path::new("/v/bin/python"), &w, Some("vllm")).unwrap();
+        assert_eq!(g.stacks[0].site().unwrap().function, "forward");
+        let g = from_reader(&v, Path::new("/v/bin/python"), &w, None).unwrap();
+        assert_eq!(g.stacks[0].site().unwrap().function, "__call__");
+    }
+
+    #[test]
+    fn the_package_a_command_runs() {
+        assert_eq!(
+            server_package("env A=1 python3 -m vllm.entrypoints.openai.api_server --model m").as_deref(),
+            Some("vllm")
+        );
+        assert_eq!(server_package("python3 server.py --port 1"), None);
+        let dir = std::env::temp_dir().join(format!("plateau-pkg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("vllm");
+        std::fs::write(&script, "#!/v/bin/python\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom vllm.entrypoints.cli.main import main\n").unwrap();
+        let cmd = format!("env X=1 {} serve /m --port 8", script.display());
+        assert_eq!(server_package(&cmd).as_deref(), Some("vllm"));
+        std::fs::write(&script, "\x7fELF").unwrap();
+        assert_eq!(server_package(&cmd), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

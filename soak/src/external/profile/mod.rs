@@ -7,8 +7,9 @@
 //!    allocator of its own.
 //! 2. When a process-memory gauge of the server fails (or with `--profile`) and plateau started
 //!    it (`--spawn`), the same scenario and seed run again against a fresh server started under a
-//!    profiler: memray for Python (`memray.rs`: every Python process of the server records its
-//!    allocations), a preloaded jemalloc with plateau's dump trigger for a native server
+//!    profiler: memray for Python (`memray.rs`: the process that grew records its allocations over
+//!    the window, started and stopped through plateau's hook), a preloaded jemalloc with plateau's
+//!    dump trigger for a native server
 //!    (`native.rs`: the live heap dumped at the replay's quiescent points). The replay is the same
 //!    run loop; it marks its window's three quiescent points (the end of warm-up, the middle, the
 //!    end) in `profile-window.json`.
@@ -127,6 +128,9 @@ pub struct ExternalReplay<'a> {
     pub kind: &'a ServerKind,
     /// The other gauges of the process's memory its live heap is weighed against too.
     pub also: Vec<String>,
+    /// Which of the server's processes a Python server's replay records (`--profile-process`): a
+    /// role of its tree, a deployment's role, or `*` for all of it.
+    pub process: String,
 }
 
 impl ExternalReplay<'_> {
@@ -139,6 +143,9 @@ impl ExternalReplay<'_> {
         let mut a = crate::heapprof::replay::window_run_args(self.scenario, self.seed, window, &self.out());
         a.extend(self.target_args.iter().cloned());
         a.extend(self.launch.args(env));
+        if matches!(self.kind, ServerKind::Python { .. }) {
+            a.extend(["--profile-process".to_string(), self.process.clone()]);
+        }
         a
     }
 
@@ -163,7 +170,13 @@ impl ExternalReplay<'_> {
         crate::heapprof::replay::run_to_its_end(Command::new(self.exe).args(self.args(&env)))?;
         let window = Window::read(&out)?;
         let growth: Growth = match self.kind {
-            ServerKind::Python { exe } => memray::growth(exe, &out, &window)?,
+            ServerKind::Python { exe } => {
+                let package = match self.launch {
+                    Launch::Server { spawn, .. } => memray::server_package(spawn),
+                    Launch::Role { .. } => None,
+                };
+                memray::growth(exe, &out, &window, package.as_deref())?
+            }
             _ => native::growth(&out, &window)?,
         };
         write_files(self.run_dir, &growth, self.requests_per_iter, &command)?;

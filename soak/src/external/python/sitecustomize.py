@@ -1,0 +1,196 @@
+# plateau's hook in the Python processes of a server it soaks. plateau puts the folder that holds
+# this file first on the server's PYTHONPATH, so every Python process of the server (the one plateau
+# starts and those started from it, by fork or by multiprocessing's spawn) imports it at start-up as
+# `sitecustomize`.
+#
+# Lifecycle in one process: at import, a daemon thread binds the Unix socket
+# $PLATEAU_PY_SOCKETS/<pid>.sock and blocks in accept() (it costs nothing between requests); a
+# forked child binds its own. plateau connects at each quiescent sample; a request is one line and
+# the answer one line of JSON:
+#   stats              the layers of this process's memory: what Python's small objects hold in its
+#                      blocks (sys._debugmallocstats' "bytes in allocated blocks"), the arenas that
+#                      hold those blocks, the C library's malloc in use (Python's larger objects and
+#                      native memory alike) and the freed memory malloc keeps; and who the process is.
+#   memray-start PATH  memray's tracker started here, writing PATH (a profiled replay's window)
+#   memray-stop        the tracker stopped: the capture is complete
+# At exit the socket file goes. Then the environment's own sitecustomize, if it has one, runs as it
+# would have without this one. Nothing here may break the server: every failure is an answer.
+import os
+import sys
+
+
+def _plateau_hook():
+    sockets = os.environ.get("PLATEAU_PY_SOCKETS")
+    if not sockets:
+        return
+    import ctypes
+    import json
+    import socket
+    import threading
+
+    libc = ctypes.CDLL(None)
+    state = {"server": None, "tracker": None}
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost")]
+
+    def pymalloc_text():
+        """sys._debugmallocstats() into a memory stream (it writes to a C FILE*), not to stderr."""
+        # Plain pointers throughout: ctypes.cast would leave a reference cycle behind at every
+        # call, garbage the next sample would count in this process's objects.
+        open_memstream = libc.open_memstream
+        open_memstream.restype = ctypes.c_void_p
+        open_memstream.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t)]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        libc.free.argtypes = [ctypes.c_void_p]
+        stats = ctypes.pythonapi._PyObject_DebugMallocStats
+        stats.argtypes = [ctypes.c_void_p]
+        stats.restype = ctypes.c_int
+        buf, size = ctypes.c_void_p(), ctypes.c_size_t()
+        fp = open_memstream(ctypes.byref(buf), ctypes.byref(size))
+        if not fp:
+            return ""
+        try:
+            stats(fp)
+        finally:
+            libc.fclose(fp)
+        text = ctypes.string_at(buf.value, size.value).decode("ascii", "replace")
+        libc.free(buf)
+        return text
+
+    def stats():
+        out = {"pid": os.getpid(), "ppid": os.getppid(), "executable": sys.executable, "prefix": sys.prefix,
+               "argv": [str(a) for a in sys.argv[:3]], "py_blocks": sys.getallocatedblocks()}
+        try:
+            import multiprocessing
+            out["process_name"] = multiprocessing.current_process().name
+        except Exception:
+            pass
+        # With PYTHONMALLOC=malloc there is no pymalloc: nothing printed, no figure given.
+        text = pymalloc_text()
+        for line in text.splitlines():
+            key, _, value = line.partition("=")
+            value = value.strip().replace(",", "")
+            if not value.isdigit():
+                continue
+            if key.strip() == "# bytes in allocated blocks":
+                out["py_object_bytes"] = int(value)
+            elif key.strip() == "Total" and "py_arena_bytes" not in out:
+                out["py_arena_bytes"] = int(value)
+        mallinfo2 = getattr(libc, "mallinfo2", None)
+        if mallinfo2 is not None:
+            mallinfo2.restype = MallInfo2
+            m = mallinfo2()
+            # glibc's malloc: in use (sbrk'd chunks handed out plus mmapped ones), and freed chunks
+            # it keeps. A process on another malloc reads zeros here: plateau says so.
+            out["malloc_in_use_bytes"] = m.uordblks + m.hblkhd
+            out["malloc_free_bytes"] = m.fordblks
+        return out
+
+    def memray_start(path):
+        if state["tracker"] is not None:
+            return {"error": "memray is already tracking in this process"}
+        try:
+            import memray
+        except ImportError:
+            return {"error": "no memray", "executable": sys.executable}
+        tracker = memray.Tracker(path, native_traces=False, trace_python_allocators=True, follow_fork=False,
+                                 memory_interval_ms=10)
+        tracker.__enter__()
+        state["tracker"] = tracker
+        return {"ok": True, "executable": sys.executable}
+
+    def memray_stop():
+        tracker, state["tracker"] = state["tracker"], None
+        if tracker is None:
+            return {"error": "memray is not tracking in this process"}
+        tracker.__exit__(None, None, None)
+        return {"ok": True}
+
+    def answer(line):
+        cmd, _, arg = line.strip().partition(" ")
+        if cmd == "stats":
+            return stats()
+        if cmd == "memray-start":
+            return memray_start(arg)
+        if cmd == "memray-stop":
+            return memray_stop()
+        return {"error": "unknown request %r" % cmd}
+
+    def serve(server):
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            try:
+                with conn:
+                    conn.settimeout(10)
+                    data = b""
+                    while not data.endswith(b"\n") and len(data) < 4096:
+                        chunk = conn.recv(4096)
+                        if not chunk:
+                            break
+                        data += chunk
+                    try:
+                        reply = answer(data.decode("utf-8", "replace"))
+                    except Exception as e:  # an answer, never a failure of the server
+                        reply = {"error": "%s: %s" % (type(e).__name__, e)}
+                    conn.sendall(json.dumps(reply).encode() + b"\n")
+            except OSError:
+                pass
+
+    def start():
+        old = state["server"]
+        if old is not None:  # a forked child: the parent's socket is the parent's
+            try:
+                old.close()
+            except OSError:
+                pass
+        state["tracker"] = None
+        path = os.path.join(sockets, "%d.sock" % os.getpid())
+        try:
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            if os.path.exists(path):
+                os.unlink(path)
+            server.bind(path)
+            server.listen(8)
+        except OSError:
+            return
+        state["server"] = server
+        threading.Thread(target=serve, args=(server,), name="plateau-hook", daemon=True).start()
+
+    def remove():
+        server = state["server"]
+        if server is not None:
+            try:
+                os.unlink(server.getsockname())
+            except (OSError, TypeError):
+                pass
+
+    import atexit
+    atexit.register(remove)
+    os.register_at_fork(after_in_child=start)
+    start()
+
+
+def _plateau_chain():
+    """The environment's own sitecustomize, which this module shadows, runs as it would have."""
+    import importlib.machinery
+    import importlib.util
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.origin is None or os.path.abspath(spec.origin) == os.path.abspath(__file__):
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+try:
+    _plateau_hook()
+except Exception as _e:  # the server runs without the hook; plateau says which processes lack it
+    sys.stderr.write("plateau hook: %s: %s\n" % (type(_e).__name__, _e))
+_plateau_chain()
