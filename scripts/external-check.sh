@@ -20,17 +20,8 @@ plateau=$PWD/target/release/plateau
 runs=target/external/runs
 rm -rf "$runs"; mkdir -p "$runs"
 scenarios=${*:-n-sampling aborts prefill-only}
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-# A scenario's phases that carry images dropped: llama-server here has no vision projector.
-text_only() {
-  python3 - "$1" "$2" <<'PY'
-import sys
-src, dst = sys.argv[1], sys.argv[2]
-blocks = open(src).read().split("[[phase]]")
-kept = [blocks[0]] + [b for b in blocks[1:] if "images" not in b]
-open(dst, "w").write("[[phase]]".join(kept))
-PY
-}
+# free_port, and text_only: a scenario's phases that carry images dropped (no vision model here).
+. scripts/external/lib.sh
 # slope RUN_DIR: the RssAnon verdict of the target, from verdict.json.
 slope() {
   python3 - "$1/verdict.json" <<'PY'

@@ -92,6 +92,9 @@ pub enum EndState {
     Completed,
     /// Stopped at the first exact-layer failure (`--stop-on-exact-failure`): decided there.
     Stopped,
+    /// Stopped once its verdict was decided (`--stop-when-decided`): a failure, with no gauge
+    /// left undecided.
+    Decided,
     /// Ctrl-C.
     Interrupted,
     /// The harness or the target failed (`error` says how).

@@ -86,6 +86,17 @@ pip install -q memray
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 step "a distribution named vllm"
 python3 "$here/vllm_setup.py" dist-info "$site" "$version"
+# vLLM logs to standard output by default (0.8.x even on `import vllm`), which mixes its log into
+# what a script reads from the venv's python: a logging configuration sends it to standard error,
+# set for every process of this venv by a .pth line (a user's own VLLM_LOGGING_CONFIG_PATH wins).
+step "vLLM's log to standard error"
+cat >"$dir/vllm-logging.json" <<'JSON'
+{"version": 1, "disable_existing_loggers": false,
+ "formatters": {"vllm": {"format": "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s", "datefmt": "%m-%d %H:%M:%S"}},
+ "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "vllm", "level": "INFO", "stream": "ext://sys.stderr"}},
+ "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": false}}}
+JSON
+echo "import os; os.environ.setdefault('VLLM_LOGGING_CONFIG_PATH', '$dir/vllm-logging.json')" >"$site/plateau-vllm-logging.pth"
 step "GLIBCXX needs this machine's libstdc++ lacks"
 find "$site/vllm" -name '*.so' -print0 | xargs -0 -r python3 "$here/vllm_setup.py" weak-glibcxx >>"$log" 2>&1
 

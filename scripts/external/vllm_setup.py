@@ -115,7 +115,10 @@ def system_glibcxx():
 def model(out):
     """A tiny random Llama that vLLM's CPU backend serves: its paged attention wants heads of at least
     32 dimensions. The tokenizer is a byte-level BPE trained here on generated words (no model hub is
-    reachable), with a chat template. Seeded: the same files every time."""
+    reachable), with a chat template. It splits numbers into single digits, as Llama's, Mistral's
+    and Qwen's tokenizers do: one that keeps a number whole (GPT-2's) meets a new word in every
+    numbered prompt, and its bounded word cache fills with them for the first 20,000 requests, a
+    fill a soak of default length cannot tell from a leak. Seeded: the same files every time."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -133,7 +136,8 @@ def model(out):
     corpus += ["The quick brown fox jumps over the lazy dog. 0123456789 ,.;:!?'\"()[]{}<>-+=/*&%$#@"] * 50
     specials = ["<unk>", "<s>", "</s>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

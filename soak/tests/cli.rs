@@ -23,6 +23,37 @@ fn verdict(dir: &Path) -> serde_json::Value {
 }
 
 #[test]
+fn a_run_stops_once_decided_and_a_clean_one_goes_to_its_planned_length() {
+    let d = tmp("decided");
+    let run = |inject: &[&str], dir: &Path| {
+        let mut args =
+            vec!["run", "n-sampling", "--iterations", "200", "--stop-when-decided", "--no-replay", "--quiet"];
+        args.extend_from_slice(inject);
+        args.extend(["--out", dir.to_str().unwrap()]);
+        plateau(&args)
+    };
+    let o = run(&["--inject", "registry-retains-finished"], &d);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let v = verdict(&d);
+    // Judged at warm-up (20) plus 20 points, then every 10: decided once the page-level gauges,
+    // sampled at every fourth quiescent point, have their 20 points too (iteration 100).
+    assert_eq!(v["iterations"], 100, "{v}");
+    assert!(v["metrics"].as_array().unwrap().iter().all(|m| m["status"] != "inconclusive"), "{v}");
+    let w = v["warnings"].to_string();
+    assert!(w.contains("stopped at iteration 100 of 200 once the verdict was decided (--stop-when-decided)"), "{w}");
+    // The verdict on disk is the one judge's of what was recorded.
+    let a = tmp("decided-analyze");
+    let o = plateau(&["analyze", d.join("samples.jsonl").to_str().unwrap(), "--out", a.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert_eq!(verdict(&a)["metrics"], v["metrics"]);
+    // A pass is decided at the planned length only.
+    let c = tmp("decided-clean");
+    let o = run(&[], &c);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(verdict(&c)["iterations"], 200);
+}
+
+#[test]
 fn clean_run_passes_and_writes_its_files() {
     let d = tmp("clean");
     // 100 iterations: 80 after warm-up, so that the page-level gauges, sampled at every fourth

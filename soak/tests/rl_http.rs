@@ -66,3 +66,98 @@ fn an_unknown_dialect_is_refused_naming_the_choices() {
     let err = stderr(&o);
     assert!(err.contains("--dialect tgi") && err.contains("vllm, sglang, llamacpp, openai"), "{err}");
 }
+
+/// A vLLM-dialect server whose sleep call fails: `500` answers it with HTTP 500; `exit` answers
+/// it 200 and then the whole server exits (an engine that dies after accepting the call).
+const FAILING_SLEEP_SERVER: &str = r#"
+import json, os, sys
+from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+MODE = sys.argv[2]
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a):
+        pass
+    def reply(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+    def do_GET(self):
+        if self.path in ("/v1/models", "/health"):
+            self.reply(200, b'{"object":"list","data":[{"id":"tiny","owned_by":"vllm"}]}')
+        elif self.path == "/is_sleeping":
+            self.reply(200, b'{"is_sleeping":false}')
+        else:
+            self.reply(404, b'{}')
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}"
+        if self.path.startswith("/sleep"):
+            if MODE == "500":
+                return self.reply(500, b'{"error":{"message":"sleep mode is not enabled"}}')
+            self.reply(200, b'{}')
+            sys.stderr.write("engine died after the sleep call\n")
+            sys.stderr.flush()
+            os._exit(1)
+        if self.path.startswith("/wake_up") or self.path.startswith("/reset"):
+            return self.reply(200, b'{}')
+        req = json.loads(body)
+        n, max_tokens = req.get("n", 1), req.get("max_tokens", 4)
+        events = b"".join(
+            b"data: " + json.dumps({"choices": [{"index": k, "text": " a", "finish_reason": None}]}).encode() + b"\n\n"
+            for _ in range(max_tokens) for k in range(n)) + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(events)))
+        self.end_headers()
+        self.wfile.write(events)
+
+ThreadingHTTPServer.daemon_threads = True
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+#[test]
+#[cfg_attr(not(plateau_python3), ignore = "no python3 on this machine: the failing server is a Python script")]
+fn a_sleep_call_that_fails_or_kills_the_server_ends_the_run_in_exit_3_naming_it() {
+    let dir = tmp("rl_http", "failing-sleep");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("server.py");
+    std::fs::write(&script, FAILING_SLEEP_SERVER).unwrap();
+    for mode in ["500", "exit"] {
+        let (out, port) = (dir.join(format!("run-{mode}")), free_port());
+        let url = format!("http://127.0.0.1:{port}");
+        let spawn = format!("python3 {} {port} {mode}", script.display());
+        let o = plateau(&[
+            "run",
+            "rl-rollout",
+            "--iterations",
+            "30",
+            "--quiet",
+            "--out",
+            out.to_str().unwrap(),
+            "--target",
+            &url,
+            "--spawn",
+            &spawn,
+        ]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(3), "{mode}: {err}");
+        assert!(err.contains("the sleep call failed: POST"), "{mode}: {err}");
+        // The call was sent: it is counted, and never reported as "none".
+        assert!(err.contains("control calls over HTTP (vllm dialect): sleep 1 sent, 0 answered"), "{mode}: {err}");
+        match mode {
+            "500" => assert!(err.contains("answered 500 Internal Server Error"), "{err}"),
+            _ => {
+                assert!(err.contains("was answered, then GET") && err.contains("exited (exit status: 1)"), "{err}");
+                assert!(err.contains("engine died after the sleep call"), "the server's last lines: {err}");
+            }
+        }
+        // The run's end record keeps the call that failed.
+        let samples = std::fs::read_to_string(out.join("samples.jsonl")).unwrap();
+        let end: serde_json::Value = serde_json::from_str(samples.lines().last().unwrap()).unwrap();
+        assert_eq!(end["end"]["control"]["sent"]["sleep"], 1, "{end}");
+        assert!(end["end"]["control"]["failed"].as_str().unwrap().starts_with("the sleep call failed"), "{end}");
+    }
+}

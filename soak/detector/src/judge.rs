@@ -86,7 +86,7 @@ pub fn unfinished(s: &Samples) -> Option<String> {
     let last = s.last_iter();
     match &s.end {
         Some(e) => match e.state {
-            EndState::Completed | EndState::Stopped => None,
+            EndState::Completed | EndState::Stopped | EndState::Decided => None,
             EndState::Interrupted => Some(format!("it was interrupted at iteration {last}")),
             EndState::Failed => Some(format!(
                 "it failed at iteration {last}: {}",
@@ -129,6 +129,13 @@ fn note_end(v: &mut Verdict, e: &RunEnd, planned: Option<u64>) {
     if let Some(cap) = e.until_decided_cap {
         let story = until_decided_story(planned.unwrap_or(e.iterations), &e.extensions, cap, v);
         v.warnings.push(story);
+    }
+    if e.state == EndState::Decided {
+        v.warnings.push(format!(
+            "stopped at iteration {} of {} once the verdict was decided (--stop-when-decided): a failure with no gauge undecided; the gauges were not judged past it",
+            e.iterations,
+            planned.map_or("its planned length".to_string(), |p| p.to_string())
+        ));
     }
     if let Some(what) = &e.stopped_on {
         v.warnings.push(format!(

@@ -179,6 +179,25 @@ mod tests {
         let text = "name = \"x\"\ndescription = \"d\"\n[soak]\niterations = 100\nmax_iterations = 50\n[[phase]]\nkind = \"batch\"\n";
         let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
         assert_eq!(e, "f.toml:5:1: soak.max_iterations: 50 is below the run's planned length (100 iterations)");
+        let text = "name = \"x\"\ndescription = \"d\"\n[soak]\ntarget_iterations = 100\ntarget_warmup_iterations = 100\n[[phase]]\nkind = \"batch\"\n";
+        let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "f.toml:5:1: soak.target_warmup_iterations: a run against a server would skip 100 iterations of its 100: nothing would be judged"
+        );
+    }
+
+    #[test]
+    fn a_run_against_a_server_takes_the_target_length_where_one_is_given() {
+        let text = "name = \"x\"\ndescription = \"d\"\n[soak]\niterations = 200\ntarget_iterations = 600\ntarget_warmup_iterations = 300\n[[phase]]\nkind = \"batch\"\n";
+        let s = Scenario::parse(text, "f.toml").unwrap();
+        let t = s.soak.for_target();
+        assert_eq!((s.soak.iterations, s.soak.warmup_iterations), (200, 20));
+        assert_eq!((t.iterations, t.warmup_iterations), (600, 300));
+        // Without target figures a run against a server is the scenario's own length.
+        let plain =
+            Scenario::parse("name = \"x\"\ndescription = \"d\"\n[[phase]]\nkind = \"batch\"\n", "f.toml").unwrap();
+        assert_eq!(plain.soak.for_target(), plain.soak);
     }
 
     #[test]

@@ -109,6 +109,12 @@ pub struct SoakSection {
     /// undecided the run is extended in steps up to this many iterations. None: four times
     /// `iterations` ([`DEFAULT_UNTIL_DECIDED_FACTOR`]).
     pub max_iterations: Option<u64>,
+    /// The length and warm-up of a run against a server plateau does not run in-process
+    /// (`--target`, `--topology`), where they differ: a real engine compiles, caches and sizes its
+    /// pools for each new batch shape over its first thousands of requests, longer than plateau's
+    /// own engine warms. None: `iterations` and `warmup_iterations`.
+    pub target_iterations: Option<u64>,
+    pub target_warmup_iterations: Option<u64>,
 }
 
 /// A run that goes on until decided stops at this many times its planned length unless the
@@ -127,6 +133,8 @@ impl Default for SoakSection {
             seed: 0,
             tolerance: None,
             max_iterations: None,
+            target_iterations: None,
+            target_warmup_iterations: None,
         }
     }
 }
@@ -136,6 +144,16 @@ impl SoakSection {
     /// (the scenario's, or `--iterations`).
     pub fn until_decided_cap(&self, planned: u64) -> u64 {
         self.max_iterations.unwrap_or(planned.saturating_mul(DEFAULT_UNTIL_DECIDED_FACTOR))
+    }
+
+    /// The section as a run against a server plateau does not run in-process reads it: its
+    /// target length and warm-up in place of the others, where it gives them.
+    pub fn for_target(&self) -> SoakSection {
+        SoakSection {
+            iterations: self.target_iterations.unwrap_or(self.iterations),
+            warmup_iterations: self.target_warmup_iterations.unwrap_or(self.warmup_iterations),
+            ..self.clone()
+        }
     }
 
     /// The tolerance, parsed (validated at load, so only a programming error can fail here).

@@ -131,6 +131,26 @@ impl Scenario {
                 return fail(soak("tolerance"), m);
             }
         }
+        let target = self.soak.for_target();
+        if self.soak.target_iterations == Some(0) {
+            return fail(soak("target_iterations"), "must be at least 1".into());
+        }
+        if (self.soak.target_iterations.is_some() || self.soak.target_warmup_iterations.is_some())
+            && self.soak.duration.is_none()
+            && target.warmup_iterations >= target.iterations
+        {
+            return fail(
+                soak(if self.soak.target_warmup_iterations.is_some() {
+                    "target_warmup_iterations"
+                } else {
+                    "target_iterations"
+                }),
+                format!(
+                    "a run against a server would skip {} iterations of its {}: nothing would be judged",
+                    target.warmup_iterations, target.iterations
+                ),
+            );
+        }
         if self.soak.duration.is_none() && self.soak.warmup_iterations >= self.soak.iterations {
             return fail(
                 soak("warmup_iterations"),

@@ -83,6 +83,11 @@ pub struct Args {
     /// there; the gauges are not judged past it.
     #[arg(long)]
     stop_on_exact_failure: bool,
+    /// End the run once its verdict is decided: a failure with no gauge left undecided, judged
+    /// every 10 iterations past the warm-up (for a target that takes seconds an iteration). A
+    /// pass is decided at the planned length only, where its resolution is the run's.
+    #[arg(long, conflicts_with = "until_decided")]
+    stop_when_decided: bool,
     #[command(flatten)]
     external: ExternalArgs,
     #[command(flatten)]
@@ -110,6 +115,7 @@ pub fn main(a: Args) -> u8 {
         profile_window,
         no_replay,
         stop_on_exact_failure,
+        stop_when_decided,
         external,
         ci,
     } = a;
@@ -117,7 +123,7 @@ pub fn main(a: Args) -> u8 {
         eprintln!("plateau: --profile: this build of plateau has no heap profiling (jemalloc without `profiling`)");
         return USAGE;
     }
-    let (s, _) = match Scenario::load(&scenario) {
+    let (mut s, _) = match Scenario::load(&scenario) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("plateau: {e}");
@@ -150,6 +156,11 @@ pub fn main(a: Args) -> u8 {
         }
     };
     let target_url = external.target.clone().or_else(|| topology.as_ref().map(|t| t.url.clone()));
+    // A server plateau does not run in-process warms as a real engine does: the scenario's target
+    // length and warm-up, where it gives them (the samples' header records what the run used).
+    if target_url.is_some() {
+        s.soak = s.soak.for_target();
+    }
     let planned = iterations.unwrap_or(s.soak.iterations);
     let cap = max_iterations.unwrap_or_else(|| s.soak.until_decided_cap(planned));
     if until_decided && cap < planned {
@@ -212,6 +223,7 @@ pub fn main(a: Args) -> u8 {
         tolerance,
         profile_window,
         stop_on_exact_failure,
+        stop_when_decided,
     };
     let result = match &target_url {
         Some(url) => {

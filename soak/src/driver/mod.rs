@@ -81,6 +81,10 @@ pub struct RunOptions {
     /// fails (a shrink's candidates: a registry leak is decided there, and the gauges need not
     /// be judged).
     pub stop_on_exact_failure: bool,
+    /// `--stop-when-decided`: end the run once its verdict is decided, a failure with no gauge
+    /// undecided (judged every [`run_loop::DECIDED_EVERY`] iterations past the warm-up); a pass is
+    /// decided at the planned length only, where its resolution is the run's.
+    pub stop_when_decided: bool,
 }
 
 /// Why a run could not produce a verdict: bad input (exit 2) or the engine/harness failed (exit 3).

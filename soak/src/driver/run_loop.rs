@@ -76,6 +76,7 @@ pub fn run_with(
         interrupted: false,
         specs: header.metrics.clone(),
         exact_failure: None,
+        decided: false,
     };
     let mut snapshots = crate::mappings::Snapshots::default();
     let outcome = iterate(scenario, opts, plan, target, &mut sink, &mut state, &mut snapshots);
@@ -136,6 +137,7 @@ fn run_end(opts: &RunOptions, state: &LoopState, failed: Option<&RunError>, fini
         (Some(_), _) => EndState::Failed,
         (None, _) if state.interrupted => EndState::Interrupted,
         (None, Some(_)) => EndState::Stopped,
+        (None, None) if state.decided => EndState::Decided,
         (None, None) => EndState::Completed,
     };
     let mut end = RunEnd::new(end_state, state.done);
@@ -165,6 +167,8 @@ struct LoopState {
     specs: BTreeMap<String, MetricSpec>,
     /// `--stop-on-exact-failure`: the iteration the run stopped at, and what failed there.
     exact_failure: Option<(u64, String)>,
+    /// `--stop-when-decided`: the run stopped once its verdict was decided.
+    decided: bool,
 }
 
 /// What fails the exact layer in one quiescent probe, if anything: a per-request registry not
@@ -249,6 +253,16 @@ fn iterate(
             state.exact_failure = Some((iter, what));
             break;
         }
+        if opts.stop_when_decided && iter < state.planned && decided_check_due(iter, plan.warmup) {
+            sink.flush()?;
+            if decided_at(&opts.out_dir.join("samples.jsonl"), iter)? {
+                if opts.progress != Progress::Quiet {
+                    eprintln!("plateau: decided at iteration {iter}: stopping (--stop-when-decided)");
+                }
+                state.decided = true;
+                break;
+            }
+        }
         if let Some(cap) = opts.until_decided.filter(|_| iter == state.planned) {
             sink.flush()?;
             if let Some(next) = undecided_until(&opts.out_dir.join("samples.jsonl"), iter, cap)? {
@@ -282,6 +296,29 @@ fn progress_bar(limit: u64) -> indicatif::ProgressBar {
             .expect("static template"),
     );
     pb
+}
+
+/// How often `--stop-when-decided` judges the samples so far, in iterations past the warm-up: a
+/// judgement reads the whole file (tens of milliseconds for a server's hundred metrics at a few
+/// hundred points), which every tenth iteration keeps under the cost of one iteration of a real
+/// server.
+pub const DECIDED_EVERY: u64 = 10;
+
+/// Quiescent points past the warm-up before a verdict can be decided: the detector judges no
+/// trend on fewer.
+const DECIDED_MIN_POINTS: u64 = 20;
+
+fn decided_check_due(iter: u64, warmup: u64) -> bool {
+    iter >= warmup + DECIDED_MIN_POINTS && (iter - warmup) % DECIDED_EVERY == 0
+}
+
+/// Whether the samples so far, judged as a run that stopped here once decided (the one judge,
+/// with the end it would record), fail with no gauge undecided.
+fn decided_at(samples: &Path, iter: u64) -> Result<bool, RunError> {
+    let mut s = Samples::read(samples).map_err(|e| RunError::Harness(e.to_string()))?;
+    s.end = Some(RunEnd::new(EndState::Decided, iter));
+    let v = crate::detector::judge(&s).map_err(RunError::Input)?;
+    Ok(v.verdict == Status::Fail && v.metrics.iter().all(|m| m.status != Status::Inconclusive))
 }
 
 /// Iterations an undecided run goes on by when no gauge says how long it needs: half its length

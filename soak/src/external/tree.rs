@@ -79,9 +79,11 @@ pub fn descendants(root: i32) -> Vec<i32> {
 
 /// What a process is, as a metric name's part: vLLM's processes by what they do (its V1 engine
 /// names them `VLLM::EngineCore` and `VLLM::Worker` with setproctitle; the API server is the
-/// process that runs `vllm serve` or the API server module), multiprocessing's resource tracker
-/// by its module, others by their command name.
-pub fn role_name(comm: &str, cmdline: &str, is_root: bool) -> String {
+/// process that runs `vllm serve` or the API server module; V0's engine process runs
+/// `run_mp_engine`), multiprocessing's resource tracker by its module, another process
+/// multiprocessing started by the function it runs (`mp_target`, as plateau's hook reports it),
+/// others by their command name.
+pub fn role_name(comm: &str, cmdline: &str, is_root: bool, mp_target: Option<&str>) -> String {
     let vllm = cmdline.contains("vllm");
     if let Some(rest) = comm.strip_prefix("VLLM::") {
         return match rest {
@@ -100,7 +102,12 @@ pub fn role_name(comm: &str, cmdline: &str, is_root: bool) -> String {
     if is_root && vllm && (cmdline.contains(" serve") || cmdline.contains("entrypoints.openai.api_server")) {
         return "api_server".into();
     }
-    sanitize(comm)
+    match mp_target.map(|t| t.rsplit('.').next().unwrap_or(t)) {
+        Some("run_mp_engine") => "engine".into(),
+        Some("run_engine_core") => "engine_core".into(),
+        Some(t) if !t.is_empty() && !t.starts_with('<') => sanitize(t),
+        _ => sanitize(comm),
+    }
 }
 
 /// `EngineCor` -> `engine_cor`: vLLM's CamelCase process titles as the snake_case of metric names.
@@ -151,7 +158,8 @@ impl Tree {
             let mut seen: BTreeMap<String, u32> = BTreeMap::new();
             for pid in pids {
                 let (comm, cmdline) = identity(pid);
-                let mut name = role_name(&comm, &cmdline, pid == root);
+                let target = stats.get(&pid).and_then(|s| s["process_target"].as_str());
+                let mut name = role_name(&comm, &cmdline, pid == root, target);
                 let n = seen.entry(name.clone()).or_insert(0);
                 *n += 1;
                 if *n > 1 {
@@ -226,13 +234,15 @@ impl Tree {
 
     /// A process not seen when roles were named takes the role of a member that is gone, if its
     /// own role name is that member's (without the `-N` of a second one); else it is late.
-    fn follow(&mut self, pids: &[i32]) {
+    fn follow(&mut self, pids: &[i32], hook: Option<&Hook>) {
         for &pid in pids {
             if pid == self.root || self.members.iter().any(|m| m.pid == pid) || self.late.iter().any(|l| l.0 == pid) {
                 continue;
             }
             let (comm, cmdline) = identity(pid);
-            let name = role_name(&comm, &cmdline, pid == self.root);
+            let stats = hook.and_then(|h| h.ask(pid, "stats", python::STATS_TIMEOUT).ok().flatten());
+            let target = stats.as_ref().and_then(|s| s["process_target"].as_str());
+            let name = role_name(&comm, &cmdline, pid == self.root, target);
             let heir = self.members.iter_mut().find(|m| {
                 let base =
                     m.role.rsplit_once('-').filter(|(_, n)| n.parse::<u32>().is_ok()).map_or(&*m.role, |(b, _)| b);
@@ -251,7 +261,7 @@ impl Tree {
     /// per-process GPU memory).
     pub fn sample(&mut self, values: &mut BTreeMap<String, f64>, hook: Option<&Hook>) -> Vec<i32> {
         let pids = descendants(self.root);
-        self.follow(&pids);
+        self.follow(&pids, hook);
         let mut sums: BTreeMap<String, f64> = BTreeMap::new();
         let mut seen = Vec::new();
         for &pid in &pids {
@@ -295,17 +305,49 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_process_of_the_tree_that_ends_is_named_as_gone() {
+        let mut root = std::process::Command::new("sh").args(["-c", "sleep 30 & wait"]).spawn().unwrap();
+        let pid = root.id() as i32;
+        // The shell has started its child once the tree holds two processes.
+        for _ in 0..200 {
+            if descendants(pid).len() > 1 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut t = Tree::new(pid, None);
+        let mut values = BTreeMap::new();
+        t.sample(&mut values, None);
+        let child =
+            t.members().into_iter().find(|(role, _)| role == "sleep").map(|(_, p)| p).expect("the child's role");
+        assert!(values.contains_key("target.sleep.proc.rss") && values.contains_key("target.proc.rss"), "{values:?}");
+        assert!(t.vanished().is_empty());
+        // SAFETY: a child process of this test.
+        unsafe { libc::kill(child, libc::SIGKILL) };
+        let _ = root.wait();
+        let gone = t.vanished();
+        assert!(gone.contains(&format!("sleep (pid {child})")), "{gone:?}");
+    }
+
+    #[test]
     fn vllm_processes_are_named_for_what_they_do() {
         let root = "/venv/bin/python /venv/bin/vllm serve /m --port 8000";
-        assert_eq!(role_name("vllm", root, true), "api_server");
-        assert_eq!(role_name("VLLM::EngineCor", "VLLM::EngineCore", false), "engine_core");
-        assert_eq!(role_name("VLLM::Worker", "VLLM::Worker", false), "worker");
-        assert_eq!(role_name("VLLM::DPCoordinato", "VLLM::DPCoordinator", false), "dpcoordinato");
+        assert_eq!(role_name("vllm", root, true, None), "api_server");
+        assert_eq!(role_name("VLLM::EngineCor", "VLLM::EngineCore", false, None), "engine_core");
+        assert_eq!(role_name("VLLM::Worker", "VLLM::Worker", false, None), "worker");
+        assert_eq!(role_name("VLLM::DPCoordinato", "VLLM::DPCoordinator", false, None), "dpcoordinato");
         let tracker = "/venv/bin/python -B -c from multiprocessing.resource_tracker import main;main(32)";
-        assert_eq!(role_name("python", tracker, false), "resource_tracker");
-        assert_eq!(role_name("python3", "python3 -m vllm.entrypoints.openai.api_server --model m", true), "api_server");
+        assert_eq!(role_name("python", tracker, false, None), "resource_tracker");
+        assert_eq!(
+            role_name("python3", "python3 -m vllm.entrypoints.openai.api_server --model m", true, None),
+            "api_server"
+        );
+        // V0's engine process, spawned by multiprocessing, is known by the function it runs.
+        let spawned = "/venv/bin/python -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7) --multiprocessing-fork";
+        assert_eq!(role_name("python", spawned, false, Some("run_mp_engine")), "engine");
+        assert_eq!(role_name("python", spawned, false, Some("Server.serve_forever")), "serve_forever");
         // Anything else by its command name, as a metric name's part.
-        assert_eq!(role_name("llama-server", "llama-server -m x", true), "llama-server");
-        assert_eq!(role_name("a b.c", "", false), "a_b_c");
+        assert_eq!(role_name("llama-server", "llama-server -m x", true, None), "llama-server");
+        assert_eq!(role_name("a b.c", "", false, None), "a_b_c");
     }
 }

@@ -65,7 +65,12 @@ def _plateau_hook():
                "argv": [str(a) for a in sys.argv[:3]], "py_blocks": sys.getallocatedblocks()}
         try:
             import multiprocessing
-            out["process_name"] = multiprocessing.current_process().name
+            process = multiprocessing.current_process()
+            out["process_name"] = process.name
+            # What a process multiprocessing started runs: its role where its title does not say.
+            target = getattr(process, "_target", None)
+            if target is not None:
+                out["process_target"] = getattr(target, "__qualname__", getattr(target, "__name__", str(target)))
         except Exception:
             pass
         # With PYTHONMALLOC=malloc there is no pymalloc: nothing printed, no figure given.
