@@ -157,8 +157,10 @@ pub fn main(a: Args) -> u8 {
     };
     let target_url = external.target.clone().or_else(|| topology.as_ref().map(|t| t.url.clone()));
     // A server plateau does not run in-process warms as a real engine does: the scenario's target
-    // length and warm-up, where it gives them (the samples' header records what the run used).
-    if target_url.is_some() {
+    // length and warm-up, where it gives them, as a pair; a run whose length the user gives
+    // (--iterations, --duration) keeps the scenario's own warm-up unless --warmup says otherwise.
+    // The samples' header records what the run used.
+    if target_url.is_some() && iterations.is_none() && duration.is_none() {
         s.soak = s.soak.for_target();
     }
     let planned = iterations.unwrap_or(s.soak.iterations);
