@@ -179,43 +179,7 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
             fmt_value(lead.1, "bytes"),
         ));
     }
-    // A Python process (plateau's hook), per process: which of its layers grew.
-    let mut py_processes: Vec<&str> = metrics
-        .iter()
-        .filter(|m| m.status == Status::Fail && m.kind == "gauge" && layered(&m.name))
-        .map(|m| process_of(&m.name))
-        .collect();
-    py_processes.sort_unstable();
-    py_processes.dedup();
-    for p in py_processes {
-        let rate = |layer: &str| fmt_value(slope_of(metrics, &format!("{p}{layer}")), "bytes");
-        let grew: Vec<&str> = metrics
-            .iter()
-            .filter(|m| m.status == Status::Fail && process_of(&m.name) == p)
-            .map(|m| &m.name[p.len()..])
-            .collect();
-        let has = |l: &str| grew.contains(&l);
-        let who = p.trim_end_matches('.');
-        out.push(if has("py.object_bytes") {
-            format!("{who}: the program keeps Python objects (py.object_bytes {}/iteration)", rate("py.object_bytes"))
-        } else if has("malloc.in_use_bytes") {
-            format!(
-                "{who}: malloc's heap in use grows ({}/iteration) while Python's small objects stay level: larger objects or native memory",
-                rate("malloc.in_use_bytes")
-            )
-        } else if has("malloc.free_bytes") || has("py.arena_bytes") {
-            format!(
-                "{who}: the allocators keep pages (malloc.free_bytes {}/iteration, py.arena_bytes {}/iteration) while what the program holds stays level",
-                rate("malloc.free_bytes"),
-                rate("py.arena_bytes")
-            )
-        } else {
-            format!(
-                "{who}: {} grow while Python's objects and malloc's heap stay level: memory outside both (other mappings)",
-                grew.join(", ")
-            )
-        });
-    }
+    out.extend(python_lines(s, metrics));
     let unknown: Vec<&MetricVerdict> = metrics
         .iter()
         .filter(|m| m.status == Status::Fail && m.kind == "gauge" && kernel_family(&m.name) && unknown_heap(&m.name))
@@ -232,4 +196,48 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
         out.push(format!("moved with the growth: {}", moved_text.join(", ")));
     }
     out
+}
+
+/// For each Python process (plateau's hook) with a failing gauge, the line on which of its layers
+/// grew: objects it keeps, malloc's heap, pages the allocators keep, or memory outside both.
+fn python_lines(s: &Samples, metrics: &[MetricVerdict]) -> Vec<String> {
+    let mut processes: Vec<&str> = metrics
+        .iter()
+        .filter(|m| m.status == Status::Fail && m.kind == "gauge" && python_layered(s, process_of(&m.name)))
+        .map(|m| process_of(&m.name))
+        .collect();
+    processes.sort_unstable();
+    processes.dedup();
+    processes
+        .into_iter()
+        .map(|p| {
+            let rate = |layer: &str| fmt_value(slope_of(metrics, &format!("{p}{layer}")), "bytes");
+            let grew: Vec<&str> = metrics
+                .iter()
+                .filter(|m| m.status == Status::Fail && process_of(&m.name) == p)
+                .map(|m| &m.name[p.len()..])
+                .collect();
+            let has = |l: &str| grew.contains(&l);
+            let who = p.trim_end_matches('.');
+            if has("py.object_bytes") {
+                format!("{who}: the program keeps Python objects (py.object_bytes {}/iteration)", rate("py.object_bytes"))
+            } else if has("malloc.in_use_bytes") {
+                format!(
+                    "{who}: malloc's heap in use grows ({}/iteration) while Python's small objects stay level: larger objects or native memory",
+                    rate("malloc.in_use_bytes")
+                )
+            } else if has("malloc.free_bytes") || has("py.arena_bytes") {
+                format!(
+                    "{who}: the allocators keep pages (malloc.free_bytes {}/iteration, py.arena_bytes {}/iteration) while what the program holds stays level",
+                    rate("malloc.free_bytes"),
+                    rate("py.arena_bytes")
+                )
+            } else {
+                format!(
+                    "{who}: {} grow while Python's objects and malloc's heap stay level: memory outside both (other mappings)",
+                    grew.join(", ")
+                )
+            }
+        })
+        .collect()
 }

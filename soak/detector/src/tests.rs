@@ -448,3 +448,46 @@ fn process_memory_whose_live_heap_did_not_grow_is_the_allocator_s_and_passes_onl
     // No evidence: the gauge's own verdict.
     assert_eq!(analyze(&steady, &DetectorConfig::default(), None).metrics[0].status, Status::Fail);
 }
+
+/// A Python process's layers (plateau's hook): which layer grew says what the process does.
+#[test]
+fn a_python_process_says_which_of_its_layers_grew() {
+    let p = "target.engine.";
+    let layered = |objects_leak: bool| {
+        let mut metrics = BTreeMap::new();
+        for (name, quantum) in [("py.object_bytes", 16.0), ("malloc.in_use_bytes", 16.0), ("proc.rss_anon", 4096.0)] {
+            metrics.insert(
+                format!("{p}{name}"),
+                MetricSpec { quantum: Some(quantum), ..MetricSpec::new(Kind::Gauge, "bytes") },
+            );
+        }
+        samples_of(metrics, 200, move |name, i| {
+            let grows =
+                if objects_leak { name.ends_with("py.object_bytes") } else { name.ends_with("malloc.in_use_bytes") };
+            let base = BASE + noise(i, 64.0).round() * 16.0;
+            match name {
+                n if n.ends_with("proc.rss_anon") => (BASE * 4.0 + 8192.0 * i as f64 / 4096.0).floor() * 4096.0,
+                _ if grows => base + 8192.0 * i as f64,
+                _ => base,
+            }
+        })
+    };
+    let v = analyze(&layered(true), &DetectorConfig::default(), None);
+    let m = |name: &str| v.metrics.iter().find(|m| m.name == format!("{p}{name}")).unwrap();
+    assert_eq!(m("py.object_bytes").status, Status::Fail);
+    assert_eq!(m("py.object_bytes").location.as_deref(), Some("Python objects the program keeps (pymalloc's blocks)"));
+    assert_eq!(m("proc.rss_anon").location.as_deref(), Some("process memory, with Python objects kept"));
+    assert!(
+        v.attribution.iter().any(|l| l.starts_with("target.engine: the program keeps Python objects")),
+        "{:?}",
+        v.attribution
+    );
+    let v = analyze(&layered(false), &DetectorConfig::default(), None);
+    assert!(
+        v.attribution.iter().any(|l| l.starts_with("target.engine: malloc's heap in use grows")),
+        "{:?}",
+        v.attribution
+    );
+    // No "no allocator statistics" line for a process whose layers are read.
+    assert!(v.attribution.iter().all(|l| !l.contains("no allocator statistics")), "{:?}", v.attribution);
+}
