@@ -260,7 +260,10 @@ fn judge_series(s: &Series, cfg: &DetectorConfig) -> Judgement {
             ),
         );
     }
-    if let Some((third, fourth)) = dying_away(tx, ty) {
+    // A rise that came in separated jumps is a staircase: its own rule (the next step overdue)
+    // says whether it stopped, never a slowing last half, whose quarters a step may fall between.
+    let jumps = staircase(x, y, q).is_some_and(|st| st.ups.len() >= 2);
+    if let Some((third, fourth)) = dying_away(tx, ty).filter(|_| !jumps) {
         return j(
             Status::Pass,
             format!(

@@ -76,7 +76,10 @@ pub fn releases(x: &[f64], y: &[f64], quantum: f64) -> Option<Releases> {
         // What is given back was held or built up, not a one-sample spike: the peak was not
         // itself reached by a jump (a transient object alive at one sample, a burst).
         let spike = i >= 2 && y[i - 1] - y[i - 2] >= threshold;
-        if fall >= threshold && fall >= 0.5 * built && !spike {
+        // Nor a one-sample dip that comes straight back (a sample taken while a buffer was
+        // swapped out): a floor holds for more than the one sample.
+        let dip = i + 1 < y.len() && y[i + 1] - y[i] >= threshold;
+        if fall >= threshold && fall >= 0.5 * built && !spike && !dip {
             peaks.push((x[i - 1], y[i - 1]));
             floors.push((x[i], y[i]));
             low = y[i];

@@ -74,6 +74,101 @@ const MAX_RATIO: f64 = 4.0;
 /// alike and are never joined.
 pub const CLUSTER_FRACTION: f64 = 1.0 / 3.0;
 
+/// A cut whose jump is at most this many times the median release of the series is the level's
+/// own back and forth, no step and no release. A heap at quiescent points wanders between levels
+/// about 1 KiB apart in a busy engine (measured in `mixed`), out and back in excursions of a few
+/// samples, so its releases and its rises are alike in size; a staircase's steps only rise, and
+/// each doubling step is twice the last. Twice the median release also covers the jump from an
+/// excursion below straight to one above.
+const WOBBLE_FACTOR: f64 = 2.0;
+
+/// A cut whose jump is at most this many times the level spread (the upper quartile of the
+/// points' distances from their own segment's level) is the level's back and forth. Successive
+/// differences say nothing of a level that holds still for most samples and then wanders by 1 KiB
+/// for a few (most differences are exactly 0), the spread around the level does: a heap that
+/// wanders spends about 40% of its samples away from its level (`mixed`; excursions of 1-12
+/// samples), so the upper quartile is the wander's size, and a one-sample blip (under a tenth of
+/// the samples) does not move it. For Gaussian noise the upper quartile is 0.67 standard
+/// deviations: the band (1.7) is far under the [`STEP_NOISE_SCALES`] threshold.
+const LEVEL_SPREAD_FACTOR: f64 = 2.5;
+
+/// A cut under this fraction of the series' largest jump is no step and no release. A doubling
+/// table's steps within one run span at most 1:16 (steps at 28, 55, 109, 218 and 436 iterations
+/// of a 450-iteration run); the heap's wobble in `mixed` beside a doubling id set's third step
+/// is a fortieth of it (1.8 KiB beside 71 KiB), and read as a release it vetoed the staircase.
+const SMALL_STEP_FRACTION: f64 = 1.0 / 20.0;
+
+/// The band of the level's own back and forth among `jumps` (between levels): [`WOBBLE_FACTOR`]
+/// times the median release where there are two or more (one release is an event, not a
+/// wobble), and [`SMALL_STEP_FRACTION`] of the largest jump.
+fn wobble_band(jumps: &[f64]) -> f64 {
+    let mut downs: Vec<f64> = jumps.iter().filter(|j| **j < 0.0).map(|j| -j).collect();
+    let largest = jumps.iter().fold(0.0f64, |m, j| m.max(j.abs()));
+    let released = if downs.len() >= 2 { WOBBLE_FACTOR * median(&mut downs) } else { 0.0 };
+    released.max(SMALL_STEP_FRACTION * largest)
+}
+
+/// [`LEVEL_SPREAD_FACTOR`] times the level spread: the median over the segments of
+/// [`MIN_SIDE`] points or more (`bounds`) of the upper quartile of their points' distances from
+/// the segment's median. The median over segments keeps a segment that still holds a step too
+/// small to cut (two tables doubling a few iterations apart) from widening the band to the size of
+/// the steps; 0 when no segment is long enough.
+fn level_spread_band(y: &[f64], bounds: &[usize]) -> f64 {
+    let mut spreads: Vec<f64> = bounds
+        .windows(2)
+        .filter(|w| w[1] - w[0] >= MIN_SIDE)
+        .map(|w| {
+            let level = median(&mut y[w[0]..w[1]].to_vec());
+            let mut d: Vec<f64> = y[w[0]..w[1]].iter().map(|v| (v - level).abs()).collect();
+            d.sort_by(f64::total_cmp);
+            d[((d.len() - 1) as f64 * 0.75).round() as usize]
+        })
+        .collect();
+    if spreads.is_empty() {
+        return 0.0;
+    }
+    LEVEL_SPREAD_FACTOR * median(&mut spreads)
+}
+
+/// Drops excursions: an inner segment too short for a cut inside it (under two sides of
+/// [`MIN_SIDE`]) that the series enters by a jump one way and leaves by a jump the other, back to
+/// within half the way out of the level before. The level went out and came back (a transient object alive at a few samples); its jumps are neither
+/// steps nor releases, and counted as releases they set the wobble band above the real steps.
+fn drop_excursions(y: &[f64], bounds: &[usize]) -> Vec<usize> {
+    let level = |a: usize, b: usize| median(&mut y[a..b].to_vec());
+    let mut b = bounds.to_vec();
+    let mut k = 1;
+    // Each pass removes two bounds or moves on: at most `bounds.len()` rounds.
+    while k + 1 < b.len() - 1 {
+        let (lo, a, z, hi) = (b[k - 1], b[k], b[k + 1], b[k + 2]);
+        let (before, inside, after) = (level(lo, a), level(a, z), level(z, hi));
+        let back = (after - before).abs() < 0.5 * (inside - before).abs();
+        if z - a < 2 * MIN_SIDE && (inside - before).signum() != (after - inside).signum() && back {
+            b.drain(k..k + 2);
+            k = k.saturating_sub(1).max(1);
+        } else {
+            k += 1;
+        }
+    }
+    b
+}
+
+/// Drops the inner bounds whose jump (between the medians of the segments either side) is within
+/// `band`: the segments either side become one.
+fn drop_within(y: &[f64], bounds: &[usize], band: f64) -> Vec<usize> {
+    let n = bounds[bounds.len() - 1];
+    let mut kept = vec![0];
+    for k in 1..bounds.len() - 1 {
+        let (a, b, c) = (kept[kept.len() - 1], bounds[k], bounds[k + 1]);
+        let jump = median(&mut y[b..c].to_vec()) - median(&mut y[a..b].to_vec());
+        if jump.abs() > band {
+            kept.push(b);
+        }
+    }
+    kept.push(n);
+    kept
+}
+
 /// The level segments of a series: the rises and releases between them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Staircase {
@@ -208,17 +303,25 @@ fn cut(y: &[f64], smoothed: &[f64], lo: usize, hi: usize, threshold: f64, cuts: 
     cut(y, smoothed, k, hi, threshold, cuts);
 }
 
-/// The largest rise within one level: its Theil–Sen slope over its span. A level at either end
-/// of the series shorter than two sides may hold the part of a step that came too close to the
-/// end for a cut (a cut needs `MIN_SIDE` points each side), so it is not asked to be level.
-fn largest_rise_within(x: &[f64], y: &[f64], bounds: &[usize]) -> f64 {
+/// The rise within each level: its Theil–Sen slope over its span, as (the first level's, the
+/// largest of the others). A level at either end of the series shorter than two sides may hold the
+/// part of a step that came too close to the end for a cut (a cut needs `MIN_SIDE` points each
+/// side), so it rises by 0 here.
+fn rises_within(x: &[f64], y: &[f64], bounds: &[usize]) -> (f64, f64) {
     let last = bounds.len() - 2;
-    bounds
+    let rises: Vec<f64> = bounds
         .windows(2)
         .enumerate()
-        .filter(|(k, w)| !((*k == 0 || *k == last) && w[1] - w[0] < 2 * MIN_SIDE))
-        .map(|(_, w)| theil_sen(&x[w[0]..w[1]], &y[w[0]..w[1]]) * (x[w[1] - 1] - x[w[0]]))
-        .fold(0.0, f64::max)
+        .map(|(k, w)| {
+            let short_end = (k == 0 || k == last) && w[1] - w[0] < 2 * MIN_SIDE;
+            if short_end {
+                0.0
+            } else {
+                theil_sen(&x[w[0]..w[1]], &y[w[0]..w[1]]) * (x[w[1] - 1] - x[w[0]])
+            }
+        })
+        .collect();
+    (rises[0], rises[1..].iter().copied().fold(0.0, f64::max))
 }
 
 /// Splits each inner segment too short for a cut inside it (under two sides of [`MIN_SIDE`]) where
@@ -274,20 +377,37 @@ pub fn staircase(x: &[f64], y: &[f64], quantum: f64) -> Option<Staircase> {
     }
     let mut bounds: Vec<usize> = std::iter::once(0).chain(cuts.iter().copied()).chain(std::iter::once(n)).collect();
     split_close_steps(y, threshold, &mut bounds);
+    let level_of = |b: &[usize]| -> Vec<f64> { b.windows(2).map(|w| median(&mut y[w[0]..w[1]].to_vec())).collect() };
+    // The level's own back and forth is no step and no release: cuts within its band go, and the
+    // levels either side of each are one. The band from the jumps first (small beside the
+    // largest, or like the releases), then from the spread around the levels that remain.
+    bounds = drop_excursions(y, &bounds);
+    let jumps: Vec<f64> = level_of(&bounds).windows(2).map(|l| l[1] - l[0]).collect();
+    bounds = drop_within(y, &bounds, wobble_band(&jumps));
+    let spread = level_spread_band(y, &bounds);
+    bounds = drop_within(y, &bounds, spread);
+    let jumps: Vec<f64> = level_of(&bounds).windows(2).map(|l| l[1] - l[0]).collect();
+    let band = wobble_band(&jumps).max(spread);
     let cuts: Vec<usize> = bounds[1..bounds.len() - 1].to_vec();
-    let levels: Vec<f64> = bounds.windows(2).map(|w| median(&mut y[w[0]..w[1]].to_vec())).collect();
+    let levels = level_of(&bounds);
     let mut ups = Vec::new();
     let mut downs = 0;
     for (k, l) in cuts.iter().zip(levels.windows(2)) {
         let h = l[1] - l[0];
-        if h >= threshold {
+        if h >= threshold && h > band {
             ups.push((x[*k], h));
-        } else if h <= -threshold {
+        } else if h <= -threshold && -h > band {
             downs += 1;
         }
     }
     let smallest = ups.iter().map(|u| u.1).fold(f64::INFINITY, f64::min);
-    let level = largest_rise_within(x, y, &bounds) < LEVEL_FRACTION * smallest;
+    let largest = ups.iter().map(|u| u.1).fold(0.0, f64::max);
+    // Every level is level to within a fraction of the smallest step, except the first, which
+    // may hold the steps too small to cut of a container that doubles (together under the first
+    // one cut: 1 + 2 < 4), and is asked to be level to within a fraction of the largest step. A
+    // ramp or a fill cut into pieces rises in its first piece about as much as its largest jump.
+    let (first_rise, rise) = rises_within(x, y, &bounds);
+    let level = rise < LEVEL_FRACTION * smallest && first_rise < LEVEL_FRACTION * largest;
     (level && !ups.is_empty()).then_some(Staircase { ups, downs, end: x[n - 1] })
 }
 
@@ -411,5 +531,53 @@ mod tests {
         let x = xs(180);
         let y: Vec<f64> = x.iter().map(|&i| if (i as u64) % 37 == 0 { 12288.0 } else { 0.0 }).collect();
         assert!(staircase(&x, &y, 1.0).is_none());
+    }
+
+    /// A heap that wanders between levels about 1 KiB apart (most successive differences 0),
+    /// under the steps of a table that doubles: deterministic excursions of 2-9 samples.
+    fn wobble(n: usize) -> Vec<f64> {
+        (0..n)
+            .map(|i| {
+                if (i * 7) % 23 < 5 {
+                    if i % 2 == 0 {
+                        1024.0
+                    } else {
+                        -960.0
+                    }
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_wobbling_level_makes_no_step_and_no_release() {
+        let x = xs(180);
+        let y = wobble(180);
+        assert!(
+            staircase(&x, &y, 1.0).map_or(true, |s| s.ups.is_empty() && s.downs == 0),
+            "{:?}",
+            staircase(&x, &y, 1.0)
+        );
+    }
+
+    #[test]
+    fn a_doubling_table_under_the_wobble_climbs() {
+        let x = xs(180);
+        let y: Vec<f64> = x
+            .iter()
+            .zip(wobble(180))
+            .map(|(i, w)| {
+                w + [(28.0, 18_432.0), (55.0, 36_864.0), (109.0, 73_728.0)]
+                    .iter()
+                    .filter(|s| *i >= s.0)
+                    .map(|s| s.1)
+                    .sum::<f64>()
+            })
+            .collect();
+        let s = staircase(&x, &y, 1.0).expect("a staircase");
+        assert_eq!(s.ups.iter().map(|u| u.0).collect::<Vec<_>>(), vec![28.0, 55.0, 109.0], "{s:?}");
+        assert!(s.climbs() && !s.levelled_off());
     }
 }
