@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # False alarms of the detector, under load: every shipped scenario at its full default length for
 # seeds FIRST..LAST (default 1..20), two soaks side by side (JOBS=N to change; SCENARIOS="a b" for
-# some); then the external mode's clean runs, two side by side, for seeds 1..EXTERNAL_SEEDS
+# some), clean and with each plant in PLANTS (default: every plant of `plateau list`, the must-pass
+# caches; PLANTS=none for clean runs only); then the external mode's clean runs, two side by side, for seeds 1..EXTERNAL_SEEDS
 # (default 5): n-sampling and mixed against `plateau serve`, and n-sampling against a Python
 # server whose LRU of 8 KiB entries is full at 1,000 and churns (scripts/external/lru_server.py);
 # then one long `mixed` run.
@@ -17,12 +18,17 @@ plateau=$(realpath "${PLATEAU:-target/release/plateau}")
 [ -x "$plateau" ] || { echo "build first: cargo build --release -p plateau-soak" >&2; exit 2; }
 out=$(mktemp -d)
 scenarios=${SCENARIOS:-"n-sampling aborts rl-rollout prefill-only mixed multimodal-repeat pd-transfer"}
+plants=${PLANTS:-"bounded-cache cleared-buffer prompt-lru"}
+[ "$plants" = none ] && plants=""
 jobs=()
-for seed in $(seq "$first" "$last"); do for s in $scenarios; do jobs+=("local $s $seed"); done; done
+for seed in $(seq "$first" "$last"); do for s in $scenarios; do
+  jobs+=("local $s $seed")
+  for p in $plants; do jobs+=("plant:$p $s $seed"); done
+done; done
 for seed in $(seq 1 "${EXTERNAL_SEEDS:-5}"); do
   jobs+=("serve n-sampling $seed" "serve mixed $seed" "lru n-sampling $seed")
 done
-# One soak: local (in-process), serve (plateau serve spawned on a free port) or lru (the Python
+# One soak: local (in-process), plant:NAME (in-process with that plant), serve (plateau serve spawned on a free port) or lru (the Python
 # server spawned on a free port); prints "EXIT KIND SCENARIO SEED".
 run_one() {
   set -- $1
@@ -30,6 +36,7 @@ run_one() {
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   case $kind in
     local) "$plateau" run "$s" --seed "$seed" --quiet --out "$dir" >"$dir.log" 2>&1 ;;
+    plant:*) "$plateau" run "$s" --seed "$seed" --plant "${kind#plant:}" --quiet --out "$dir" >"$dir.log" 2>&1 ;;
     serve) "$plateau" run "$s" --seed "$seed" --quiet --out "$dir" --target "http://127.0.0.1:$port" \
              --spawn "$plateau serve $s --port $port" >"$dir.log" 2>&1 ;;
     lru)   "$plateau" run "$s" --seed "$seed" --quiet --out "$dir" --target "http://127.0.0.1:$port" \
@@ -42,7 +49,7 @@ t0=$(date +%s)
 printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -I{} bash -c 'run_one "{}"' > "$out/codes"
 bad=$(awk '$1 != 0' "$out/codes")
 alarms=$(awk '$1 == 1' "$out/codes" | grep -c .); undecided=$(awk '$1 == 4' "$out/codes" | grep -c .)
-echo "$(wc -l < "$out/codes") clean runs (in-process seeds $first..$last at default lengths, external seeds 1..${EXTERNAL_SEEDS:-5}) in $(( $(date +%s) - t0 )) s: $alarms false alarms (exit 1), $undecided undecided (exit 4), $(echo -n "$bad" | grep -c .) did not pass"
+echo "$(wc -l < "$out/codes") clean runs (in-process seeds $first..$last at default lengths, plants: ${plants:-none}, external seeds 1..${EXTERNAL_SEEDS:-5}) in $(( $(date +%s) - t0 )) s: $alarms false alarms (exit 1), $undecided undecided (exit 4), $(echo -n "$bad" | grep -c .) did not pass"
 [ -n "$bad" ] && echo "$bad" | while read -r code kind s seed; do
   echo "  exit $code: $kind $s seed $seed: $(grep -m1 '^verdict:' "$out/$kind-$s-$seed.log")"
 done

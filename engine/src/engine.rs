@@ -154,6 +154,7 @@ impl Engine {
 
     /// One engine step: schedule, run, process. Returns the requests that ended.
     pub fn step(&mut self) -> Result<Vec<RequestOutput>> {
+        self.output.take_finished_ids();
         if self.asleep.is_none() && self.conn.num_waiting_for_kv() > 0 {
             self.start_pulls();
         }
@@ -264,6 +265,7 @@ impl Engine {
     /// stamped with it, so entries left behind tell how old they are.
     pub fn set_epoch(&mut self, epoch: u64) {
         self.book.set_epoch(epoch);
+        self.output.set_epoch(epoch);
     }
 
     /// Every registry entry still there, by the source line that inserted it and its oldest

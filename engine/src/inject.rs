@@ -20,10 +20,17 @@
 //! - `pd-mmap-hook`: the soak's transfer regions (`plateau-soak`, pd/region.rs): the memory hook
 //!   keeps every remapped receive region mapped, outside the allocator;
 //! - `pd-sender-on-abort`: the soak's in-process transport (`plateau-soak`, pd/transport.rs): the
-//!   abort-time purge skips the sender side, whose state only the terminal chunk frees.
+//!   abort-time purge skips the sender side, whose state only the terminal chunk frees;
+//! - `id-set-never-drained`: `Engine::step` (engine.rs) never drains the output processor's set
+//!   of finished request ids (vLLM V1's `finished_req_ids`, handed to the workers each step and
+//!   reset), so the hash set keeps every id ever finished and its table doubles (heap only).
+//!
+//! The same set carries the plants (plant.rs): must-pass caches, switched on with `--plant`.
 
 use std::fmt;
 use std::str::FromStr;
+
+use crate::plant::Plant;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Injection {
@@ -37,10 +44,11 @@ pub enum Injection {
     PdPrefillHold,
     PdHandles,
     PdSenderOnAbort,
+    IdSetNeverDrained,
 }
 
 impl Injection {
-    pub const ALL: [Injection; 10] = [
+    pub const ALL: [Injection; 11] = [
         Injection::RegistryRetainsFinished,
         Injection::NAbortOrphans,
         Injection::AbortKeepsBlocks,
@@ -51,6 +59,7 @@ impl Injection {
         Injection::PdPrefillHold,
         Injection::PdHandles,
         Injection::PdSenderOnAbort,
+        Injection::IdSetNeverDrained,
     ];
 
     pub fn name(self) -> &'static str {
@@ -65,6 +74,7 @@ impl Injection {
             Injection::PdPrefillHold => "pd-prefill-hold",
             Injection::PdHandles => "pd-handles",
             Injection::PdSenderOnAbort => "pd-sender-on-abort",
+            Injection::IdSetNeverDrained => "id-set-never-drained",
         }
     }
 
@@ -94,6 +104,9 @@ impl Injection {
             Injection::UntrackedHeap => {
                 "finished requests' output tokens are appended to a history no registry counts (heap only)"
             }
+            Injection::IdSetNeverDrained => {
+                "the set of finished request ids handed to each step is never drained: a hash set that doubles (vLLM V1 finished_req_ids; heap only)"
+            }
         }
     }
 }
@@ -114,9 +127,9 @@ impl FromStr for Injection {
     }
 }
 
-/// The set of injections switched on for one engine.
+/// The switches of one engine: the leak injections on, and the plants (must-pass caches) on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Injections(Vec<Injection>);
+pub struct Injections(Vec<Injection>, Vec<Plant>);
 
 impl Injections {
     pub fn none() -> Self {
@@ -132,8 +145,19 @@ impl Injections {
     pub fn on(&self, i: Injection) -> bool {
         self.0.contains(&i)
     }
+    /// The leak injections on (plants are in [`Injections::plants`]).
     pub fn iter(&self) -> impl Iterator<Item = Injection> + '_ {
         self.0.iter().copied()
+    }
+    pub fn with_plant(mut self, p: Plant) -> Self {
+        if !self.1.contains(&p) {
+            self.1.push(p);
+            self.1.sort();
+        }
+        self
+    }
+    pub fn plants(&self) -> &[Plant] {
+        &self.1
     }
 
     /// Releases a backend's KV pool (sleep): it is dropped, or, with `sleep-keeps-kv`, kept in

@@ -19,6 +19,7 @@ mod model_runner;
 pub mod multimodal;
 mod output;
 pub mod pd;
+pub mod plant;
 pub mod registry;
 pub mod request;
 pub mod sampler;
@@ -38,6 +39,7 @@ pub use model::cpu::CpuBackend;
 pub use model::weights::{ModelWeights, WeightSource};
 pub use multimodal::image::{ImageInput, ImageLimits};
 pub use pd::{next_hop, NextHop, Notice, PullOrder, Role, TransferParams};
+pub use plant::Plant;
 pub use registry::{Metric, MetricKind};
 pub use request::{
     AbortOutcome, FinishReason, Request, RequestId, RequestOutput, RequestStage, SamplingParams, SeqOutput,

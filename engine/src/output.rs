@@ -16,6 +16,7 @@ use crate::kv_manager::{KvManager, SeqId};
 use crate::metrics::Counters;
 use crate::multimodal::encoder_cache::EncoderCache;
 use crate::pd::{KvConnector, Role};
+use crate::plant::Garden;
 use crate::registry::{MetricKind, Registries, TrackedQueue};
 use crate::request::{AbortOutcome, FinishReason, RequestId, RequestOutput, SamplingParams, SeqOutput};
 use crate::sampler;
@@ -44,6 +45,12 @@ pub(crate) struct OutputProcessor {
     max_model_len: usize,
     /// Written only by the `untracked-heap` injection: a history that no registry counts.
     history: Vec<Vec<u32>>,
+    /// Ids of the requests that ended since the last step began: an abort of one of them is
+    /// answered "already finished". Each step takes the set (`take_finished_ids`); the
+    /// `id-set-never-drained` injection never does. Unordered: only membership is asked.
+    finished_ids: std::collections::HashSet<RequestId>,
+    /// The plants on (must-pass caches; plant.rs), fed each request that ends.
+    garden: Garden,
 }
 
 impl OutputProcessor {
@@ -52,10 +59,25 @@ impl OutputProcessor {
             outputs: book.queue("registry.pending_outputs", MetricKind::PerRequest),
             ended: Vec::new(),
             started: Vec::new(),
+            garden: Garden::new(injections.plants()),
             injections,
             max_model_len,
             history: Vec::new(),
+            finished_ids: Default::default(),
         }
+    }
+
+    /// A step begins: the ids of the requests that ended before it are handed off (with
+    /// `id-set-never-drained`, kept).
+    pub fn take_finished_ids(&mut self) {
+        if !self.injections.on(Injection::IdSetNeverDrained) {
+            drop(std::mem::take(&mut self.finished_ids));
+        }
+    }
+
+    /// The shell's epoch reaches the plants.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.garden.epoch(epoch);
     }
 
     pub fn has_pending(&self) -> bool {
@@ -242,6 +264,8 @@ impl OutputProcessor {
             // The bug: every finished request's output tokens go into a history nothing counts.
             self.history.push(out.seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect());
         }
+        self.garden.request_ended(&req.prompt, out.seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect());
+        self.finished_ids.insert(id);
         for sid in req.seqs.clone() {
             cx.store.seqs.remove(&sid);
         }
@@ -256,7 +280,7 @@ impl OutputProcessor {
     /// `step()`.
     pub fn abort(&mut self, cx: &mut Ctx, id: RequestId) -> AbortOutcome {
         let Some(req) = cx.store.requests.get(&id) else {
-            return AbortOutcome::Unknown;
+            return if self.finished_ids.contains(&id) { AbortOutcome::AlreadyFinished } else { AbortOutcome::Unknown };
         };
         let live: Vec<SeqId> = req.seqs.iter().copied().filter(|&sid| cx.store.is_live(sid)).collect();
         if live.is_empty() {

@@ -145,6 +145,9 @@ pub enum RequestStage {
 pub enum AbortOutcome {
     /// The request was in flight; its output (finish reason aborted) comes out of the next step.
     Aborted,
+    /// The request ended since the last step began: its output is out, or comes with the next
+    /// step; nothing was done.
+    AlreadyFinished,
     /// No request in flight has that id: nothing was done.
     Unknown,
 }

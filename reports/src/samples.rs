@@ -135,6 +135,9 @@ pub struct Header {
     /// Leak injections switched on for the run (plateau's own field).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub injections: Vec<String>,
+    /// Plants (must-pass caches in the engine) switched on for the run (plateau's own field).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plants: Vec<String>,
     /// The byte growth the run accepts, as the user or the scenario gave it (`64B/request`,
     /// `1KiB/iteration`, `0`); absent: the detector's default. plateau's own field.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -108,6 +108,17 @@ fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
                 fmt(s.bytes_per_iter.unwrap_or(0.0) * (g.end_iter.saturating_sub(g.start_iter)).max(1) as f64)
             )
         });
+        if g.run_bytes_per_iter <= 0.0 {
+            // Nothing to compare: a ratio against no growth says nothing.
+            v.attribution.push(format!(
+                "replay: the run's {} did not rise over the profiled replay's window (iterations {}..{}: {}/iteration net), so the replay had no growth to explain and no allocation site is blamed{once} (growth.txt lists what the replay saw)",
+                g.metric,
+                g.start_iter,
+                g.end_iter,
+                fmt(g.run_bytes_per_iter)
+            ));
+            return;
+        }
         v.attribution.push(format!(
             "replay: the profiled replay's sites (iterations {}..{}) grew {}/iteration against the run's {}/iteration over the same iterations: not within a factor of 2, so no allocation site is blamed{once} (growth.txt lists what the replay saw)",
             g.start_iter,

@@ -1,6 +1,7 @@
 //! `plateau selftest`: proves the harness's power. Every injection must be caught, in the scenario
 //! that triggers it, naming the right metric and nothing unrelated; every clean scenario must pass
-//! with a trend verdict on every gauge. Each case runs the `plateau` binary itself in a child
+//! with a trend verdict on every gauge, and so must `mixed` and `n-sampling` with each plant (a
+//! correct cache that fills, churns or is cleared). Each case runs the `plateau` binary itself in a child
 //! process, so it checks exactly what a user runs (exit codes, verdict.json) and one case's memory
 //! never shows in another's.
 
@@ -18,6 +19,8 @@ use crate::detector::gauge::fmt_value;
 pub struct Case {
     pub scenario: &'static str,
     pub inject: Option<&'static str>,
+    /// A plant (a must-pass cache in the engine) switched on: the case must pass with it.
+    pub plant: Option<&'static str>,
     /// Iterations in --quick mode (None: the scenario's own count).
     pub quick_iterations: Option<u64>,
     /// The metric the verdict must fail on (None: the run must pass).
@@ -37,17 +40,67 @@ const CLEAN_QUICK: Option<u64> = None;
 /// The heap and everything the kernel counts of it.
 const HEAP: &[&str] = &["jemalloc.", "proc.rss", "proc.anon_", "proc.pte"];
 
-pub const CASES: [Case; 18] = [
-    Case { scenario: "n-sampling", inject: None, quick_iterations: CLEAN_QUICK, expect_metric: None, also: &[] },
-    Case { scenario: "aborts", inject: None, quick_iterations: CLEAN_QUICK, expect_metric: None, also: &[] },
-    Case { scenario: "rl-rollout", inject: None, quick_iterations: CLEAN_QUICK, expect_metric: None, also: &[] },
-    Case { scenario: "prefill-only", inject: None, quick_iterations: CLEAN_QUICK, expect_metric: None, also: &[] },
-    Case { scenario: "mixed", inject: None, quick_iterations: CLEAN_QUICK, expect_metric: None, also: &[] },
-    Case { scenario: "multimodal-repeat", inject: None, quick_iterations: CLEAN_QUICK, expect_metric: None, also: &[] },
-    Case { scenario: "pd-transfer", inject: None, quick_iterations: CLEAN_QUICK, expect_metric: None, also: &[] },
+pub const CASES: [Case; 25] = [
+    Case {
+        scenario: "n-sampling",
+        inject: None,
+        plant: None,
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "aborts",
+        inject: None,
+        plant: None,
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "rl-rollout",
+        inject: None,
+        plant: None,
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "prefill-only",
+        inject: None,
+        plant: None,
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "mixed",
+        inject: None,
+        plant: None,
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "multimodal-repeat",
+        inject: None,
+        plant: None,
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "pd-transfer",
+        inject: None,
+        plant: None,
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
     Case {
         scenario: "n-sampling",
         inject: Some("registry-retains-finished"),
+        plant: None,
         quick_iterations: Some(30),
         expect_metric: Some("registry.requests"),
         also: HEAP,
@@ -55,6 +108,7 @@ pub const CASES: [Case; 18] = [
     Case {
         scenario: "aborts",
         inject: Some("n-abort-orphans"),
+        plant: None,
         quick_iterations: Some(30),
         expect_metric: Some("registry.sequences"),
         also: &["registry.", "check.", "jemalloc.", "proc.rss", "proc.anon_", "proc.pte"],
@@ -62,6 +116,7 @@ pub const CASES: [Case; 18] = [
     Case {
         scenario: "aborts",
         inject: Some("abort-keeps-blocks"),
+        plant: None,
         quick_iterations: Some(30),
         expect_metric: Some("registry.kv.blocks_used"),
         also: &["registry.", "check."],
@@ -69,6 +124,7 @@ pub const CASES: [Case; 18] = [
     Case {
         scenario: "rl-rollout",
         inject: Some("sleep-keeps-kv"),
+        plant: None,
         quick_iterations: Some(30),
         expect_metric: Some("registry.kv_pools"),
         also: HEAP,
@@ -76,6 +132,7 @@ pub const CASES: [Case; 18] = [
     Case {
         scenario: "n-sampling",
         inject: Some("untracked-heap"),
+        plant: None,
         quick_iterations: Some(60),
         expect_metric: Some("jemalloc.allocated"),
         also: HEAP,
@@ -83,6 +140,7 @@ pub const CASES: [Case; 18] = [
     Case {
         scenario: "multimodal-repeat",
         inject: Some("registry-retains-finished"),
+        plant: None,
         quick_iterations: Some(30),
         expect_metric: Some("registry.requests"),
         also: HEAP,
@@ -90,6 +148,7 @@ pub const CASES: [Case; 18] = [
     Case {
         scenario: "aborts",
         inject: Some("encoder-cache-abort"),
+        plant: None,
         quick_iterations: Some(30),
         expect_metric: Some("registry.encoder_cache.refs"),
         also: &["registry.encoder_cache.", "jemalloc.", "proc.rss", "proc.anon_", "proc.pte"],
@@ -97,6 +156,7 @@ pub const CASES: [Case; 18] = [
     Case {
         scenario: "pd-transfer",
         inject: Some("pd-mmap-hook"),
+        plant: None,
         quick_iterations: Some(60),
         expect_metric: Some("proc.anon_outside_heap"),
         also: HEAP,
@@ -104,6 +164,7 @@ pub const CASES: [Case; 18] = [
     Case {
         scenario: "pd-transfer",
         inject: Some("pd-prefill-hold"),
+        plant: None,
         quick_iterations: Some(30),
         expect_metric: Some("prefill.registry.pd.held"),
         also: &[
@@ -119,6 +180,7 @@ pub const CASES: [Case; 18] = [
     Case {
         scenario: "pd-transfer",
         inject: Some("pd-handles"),
+        plant: None,
         quick_iterations: Some(30),
         expect_metric: Some("prefill.registry.pd.handles"),
         also: HEAP,
@@ -126,9 +188,69 @@ pub const CASES: [Case; 18] = [
     Case {
         scenario: "pd-transfer",
         inject: Some("pd-sender-on-abort"),
+        plant: None,
         quick_iterations: Some(60),
         expect_metric: Some("jemalloc.allocated"),
         also: HEAP,
+    },
+    // A table that doubles under a heap that wobbles, in the workload closest to production: its
+    // steps come at 28, 55 and 109 iterations, so it runs at the scenario's own length.
+    Case {
+        scenario: "mixed",
+        inject: Some("id-set-never-drained"),
+        plant: None,
+        quick_iterations: None,
+        expect_metric: Some("jemalloc.allocated"),
+        also: HEAP,
+    },
+    // Correct caches pass where a real one would: clean cases, at their scenario's own length.
+    Case {
+        scenario: "mixed",
+        inject: None,
+        plant: Some("bounded-cache"),
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "mixed",
+        inject: None,
+        plant: Some("cleared-buffer"),
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "mixed",
+        inject: None,
+        plant: Some("prompt-lru"),
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "n-sampling",
+        inject: None,
+        plant: Some("bounded-cache"),
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "n-sampling",
+        inject: None,
+        plant: Some("cleared-buffer"),
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
+    },
+    Case {
+        scenario: "n-sampling",
+        inject: None,
+        plant: Some("prompt-lru"),
+        quick_iterations: CLEAN_QUICK,
+        expect_metric: None,
+        also: &[],
     },
 ];
 
@@ -137,6 +259,8 @@ fn expected_attribution(inject: &str) -> &'static [&'static str] {
     match inject {
         "pd-mmap-hook" => &["outside the heap", "mapping:"],
         "untracked-heap" | "pd-sender-on-abort" => &["heap:"],
+        // The profiled replay names the line that inserts into the set.
+        "id-set-never-drained" => &["site: plateau_engine::"],
         _ => &["registry:"],
     }
 }
@@ -194,8 +318,13 @@ type CaseResult = Result<(Check, i32), String>;
 
 /// Runs one case in a child process and judges what it left.
 fn run_case(k: usize, c: &Case, quick: bool, exe: &Path, out_root: &Path) -> CaseResult {
-    let name = format!("{}{}", c.scenario, c.inject.map(|i| format!(" + {i}")).unwrap_or_default());
-    let out = out_root.join(format!("{k:02}-{}-{}", c.scenario, c.inject.unwrap_or("clean")));
+    let name = format!(
+        "{}{}{}",
+        c.scenario,
+        c.inject.map(|i| format!(" + {i}")).unwrap_or_default(),
+        c.plant.map(|p| format!(" ~ plant {p}")).unwrap_or_default()
+    );
+    let out = out_root.join(format!("{k:02}-{}-{}", c.scenario, c.inject.or(c.plant).unwrap_or("clean")));
     let mut cmd = Command::new(exe);
     cmd.args(["run", c.scenario, "--out"]).arg(&out).args(["--sample-interval-ms", "1000", "--quiet"]);
     if let (true, Some(n)) = (quick, c.quick_iterations) {
@@ -203,6 +332,9 @@ fn run_case(k: usize, c: &Case, quick: bool, exe: &Path, out_root: &Path) -> Cas
     }
     if let Some(i) = c.inject {
         cmd.args(["--inject", i]);
+    }
+    if let Some(p) = c.plant {
+        cmd.args(["--plant", p]);
     }
     let t0 = Instant::now();
     let output = cmd.output().map_err(|e| format!("cannot run {}: {e}", exe.display()))?;

@@ -331,6 +331,11 @@ fn list_names_every_scenario_and_injection() {
         "abort-keeps-blocks",
         "sleep-keeps-kv",
         "untracked-heap",
+        "id-set-never-drained",
+        "plants (must-pass caches, --plant NAME):",
+        "bounded-cache",
+        "cleared-buffer",
+        "prompt-lru",
     ] {
         assert!(out.contains(name), "{name} not listed");
     }
@@ -401,4 +406,15 @@ fn until_decided_goes_on_while_undecided_and_says_so_at_its_cap() {
     );
     let o = plateau(&["run", &n, "--duration", "5s", "--until-decided", "--quiet"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[test]
+fn an_unknown_plant_is_bad_input_that_names_the_known_ones() {
+    let o = plateau(&["run", "mixed", "--plant", "unbounded-cache", "--iterations", "1"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("unknown plant `unbounded-cache`") && err.contains("bounded-cache, cleared-buffer, prompt-lru"),
+        "{err}"
+    );
 }

@@ -1,6 +1,6 @@
-//! `plateau list`: the shipped scenarios and the leak injections, a line each.
+//! `plateau list`: the shipped scenarios, the leak injections and the plants, a line each.
 
-use plateau_engine::Injection;
+use plateau_engine::{Injection, Plant};
 use plateau_soak::scenario::{Scenario, SHIPPED};
 
 use super::PASS;
@@ -14,6 +14,10 @@ pub fn main() -> u8 {
     println!("injections:");
     for i in Injection::ALL {
         println!("  {:<28} {}", i.name(), i.description());
+    }
+    println!("plants (must-pass caches, --plant NAME):");
+    for p in Plant::ALL {
+        println!("  {:<28} {}", p.name(), p.description());
     }
     PASS
 }

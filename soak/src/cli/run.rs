@@ -44,6 +44,10 @@ pub struct Args {
     /// Switch on a leak injection (repeatable; see `plateau list`).
     #[arg(long = "inject", value_name = "NAME")]
     inject: Vec<Injection>,
+    /// Switch on a plant, a must-pass cache in the engine (repeatable; see `plateau list`): a
+    /// correct cache that fills and holds, which a run must pass.
+    #[arg(long = "plant", value_name = "NAME")]
+    plant: Vec<plateau_engine::Plant>,
     /// Output directory (default: runs/<scenario>-<time>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -105,6 +109,7 @@ pub fn main(a: Args) -> u8 {
         until_decided,
         max_iterations,
         inject,
+        plant,
         out,
         sample_interval_ms,
         quiet,
@@ -213,7 +218,7 @@ pub fn main(a: Args) -> u8 {
         duration,
         until_decided: until_decided.then_some(cap),
         seed,
-        injections: inject.into_iter().collect::<Injections>(),
+        injections: plant.into_iter().fold(inject.into_iter().collect::<Injections>(), Injections::with_plant),
         backend,
         out_dir,
         sample_interval_ms,
@@ -371,6 +376,9 @@ impl Args {
         flag("--sample-interval-ms", self.sample_interval_ms.map(|ms| ms.to_string()));
         for i in &self.inject {
             flag("--inject", Some(i.name().to_string()));
+        }
+        for p in &self.plant {
+            flag("--plant", Some(p.name().to_string()));
         }
         if self.pd_processes {
             flags.push("--pd-processes".into());

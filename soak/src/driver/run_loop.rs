@@ -64,6 +64,7 @@ pub fn run_with(
         metrics,
         warmup_iterations: Some(plan.warmup),
         injections: opts.injections.iter().map(|i| i.name().to_string()).collect(),
+        plants: opts.injections.plants().iter().map(|p| p.name().to_string()).collect(),
         tolerance: opts.tolerance.or_else(|| scenario.soak.tolerance()).map(|t| t.to_string()),
         planned_iterations: plan.known_length(),
         planned_duration_s: plan.duration.map(|d| d.as_secs_f64()),

@@ -67,6 +67,9 @@ pub struct Growth {
     pub stacks: Vec<StackGrowth>,
     /// Stacks whose live heap changed in one half only (not counted): how many, their net bytes.
     pub one_half_only: (usize, i64),
+    /// Stacks whose live heap shrank in both halves (not counted as growth): how many, their net
+    /// bytes (negative): what the window gave back, an evicting cache's oldest entries.
+    pub shrank: (usize, i64),
     /// Of those, the ones that gained in one half and kept it, most bytes first: a table that
     /// doubled once in the window (its next doubling comes after twice the gap) grows this way,
     /// and so does a buffer made again. Listed as candidates, never blamed.
@@ -103,6 +106,7 @@ pub fn growth_between(
     let (first, second) = (start.diff(mid), mid.diff(end));
     let mut stacks = Vec::new();
     let mut one_half_only = (0usize, 0i64);
+    let mut shrank = (0usize, 0i64);
     let mut once = Vec::new();
     let keys: std::collections::BTreeSet<&Vec<u64>> = first.keys().chain(second.keys()).collect();
     for addrs in keys {
@@ -111,6 +115,9 @@ pub fn growth_between(
         if b1 > 0 && b2 > 0 {
             let frames = addrs.iter().map(|&x| sym.frames(x)).collect();
             stacks.push(StackGrowth { addrs: addrs.clone(), frames, objects: o1 + o2, bytes: b1 + b2 });
+        } else if b1 < 0 && b2 < 0 {
+            shrank.0 += 1;
+            shrank.1 += b1 + b2;
         } else if b1 + b2 != 0 {
             one_half_only.0 += 1;
             one_half_only.1 += b1 + b2;
@@ -122,7 +129,7 @@ pub fn growth_between(
     }
     stacks.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
     once.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
-    Growth { binary, start_iter, end_iter, stacks, one_half_only, once }
+    Growth { binary, start_iter, end_iter, stacks, one_half_only, shrank, once }
 }
 
 impl Growth {
@@ -137,7 +144,8 @@ impl Growth {
     /// The whole live heap's change per iteration over the window, every stack counted, frees of
     /// older objects included: what the program's objects took, whatever its allocator did.
     pub fn net_bytes_per_iter(&self) -> f64 {
-        (self.stacks.iter().map(|s| s.bytes).sum::<i64>() + self.one_half_only.1) as f64 / self.iterations()
+        (self.stacks.iter().map(|s| s.bytes).sum::<i64>() + self.one_half_only.1 + self.shrank.1) as f64
+            / self.iterations()
     }
 
     /// Growth by allocation site, most bytes first: (site, objects, bytes).
@@ -299,6 +307,13 @@ pub fn growth_text(g: &Growth, requests_per_iter: Option<f64>, command: &str) ->
         fmt_bytes(total),
         per_req(total)
     );
+    if g.shrank.0 > 0 {
+        out.push_str(&format!(
+            "not counted: {} stacks that shrank in both halves of the window ({} net): memory given back\n",
+            g.shrank.0,
+            fmt_bytes(g.shrank.1 as f64)
+        ));
+    }
     if g.one_half_only.0 > 0 {
         out.push_str(&format!(
             "not counted: {} stacks that changed in one half of the window only ({} net): memory alive at one quiescent point and not another\n",
@@ -406,16 +421,19 @@ mod tests {
     #[test]
     fn a_stack_counts_when_it_grew_in_both_halves() {
         // 1: a leak (grows in both halves); 2: a buffer alive at the middle only; 3: a pool made
-        // again in the second half only; 4: steady.
+        // again in the second half only; 4: steady; 5: an evicting cache's oldest entries, given
+        // back in both halves.
         let (a, m, b) = (
-            dump(&[(1, 1_000), (3, 500), (4, 64)]),
-            dump(&[(1, 2_000), (2, 1 << 20), (3, 500), (4, 64)]),
-            dump(&[(1, 3_100), (3, 900), (4, 64)]),
+            dump(&[(1, 1_000), (3, 500), (4, 64), (5, 900)]),
+            dump(&[(1, 2_000), (2, 1 << 20), (3, 500), (4, 64), (5, 600)]),
+            dump(&[(1, 3_100), (3, 900), (4, 64), (5, 200)]),
         );
         let g = growth_between([&a, &m, &b], (20, 60), "x".into(), &ByAddress);
         assert_eq!(g.stacks.len(), 1);
         assert_eq!((g.stacks[0].addrs.clone(), g.stacks[0].bytes), (vec![1], 2_100));
         assert_eq!(g.one_half_only, (1, 400), "the buffer came and went (net 0); the pool grew once");
+        assert_eq!(g.shrank, (1, -700), "the cache's old entries shrank in both halves");
+        assert_eq!(g.net_bytes_per_iter(), (2_100.0 + 400.0 - 700.0) / 40.0);
         assert_eq!(g.once.iter().map(|s| (s.addrs.clone(), s.bytes)).collect::<Vec<_>>(), vec![(vec![3], 400)]);
         assert_eq!(g.bytes_per_iter(), 2_100.0 / 40.0);
     }
@@ -433,6 +451,7 @@ mod tests {
                 stack("soak/src/driver/run_loop.rs", 173, 1, 32),
             ],
             one_half_only: (0, 0),
+            shrank: (0, 0),
             once: Vec::new(),
         };
         let s = g.verdict_sites(Some(20.0), 5);

@@ -140,7 +140,8 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         .filter(|f| !kept_features.contains(f))
         .map(|f: Feature| f.name())
         .collect();
-    let what = if i.signature.exact { "the exact layer" } else { "a trend" };
+    // The gauge layer judges trends and staircases alike: "a trend" misnamed a table that doubles.
+    let what = if i.signature.exact { "the exact layer" } else { "the gauge layer" };
     let mut s = String::new();
     let _ = writeln!(s, "# What the leak needs\n");
     let _ = writeln!(
@@ -172,7 +173,19 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         let _ = writeln!(s, "- {}: {} {} (candidate {})", c.part, c.off, outcome(r), r.id);
     }
     if kept.is_empty() && unchecked.is_empty() {
-        let _ = writeln!(s, "- nothing beyond one phase of requests: any request of it triggers the leak");
+        // What the one phase left is: requests, or something else (a sleep and wake, a weight
+        // update), which the story names rather than claiming a request triggers it.
+        let kinds = features::phase_kinds(i.minimal);
+        let line = match kinds.as_slice() {
+            [k] if k == "batch" || k == "pressure" => {
+                format!("nothing beyond one `{k}` phase of requests: any request of it triggers the leak")
+            }
+            [k] => format!(
+                "nothing beyond one `{k}` phase, with no feature of it needed: the phase alone triggers the leak"
+            ),
+            ks => format!("nothing beyond the phases kept ({}): no feature of them is needed", ks.join(", ")),
+        };
+        let _ = writeln!(s, "- {line}");
     }
     if !unchecked.is_empty() {
         let _ = writeln!(

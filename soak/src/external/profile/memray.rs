@@ -130,11 +130,17 @@ fn from_reader(v: &serde_json::Value, exe: &Path, window: &Window, package: Opti
         end_iter: window.iters[2],
         stacks: Vec::new(),
         one_half_only: (0, 0),
+        shrank: (0, 0),
         once: Vec::new(),
     };
     for s in stacks {
         let n = |k: &str| s[k].as_i64().unwrap_or(0);
         let (b1, b2) = (n("bytes_first_half"), n("bytes_second_half"));
+        if b1 < 0 && b2 < 0 {
+            g.shrank.0 += 1;
+            g.shrank.1 += b1 + b2;
+            continue;
+        }
         if !(b1 > 0 && b2 > 0) {
             g.one_half_only.0 += 1;
             g.one_half_only.1 += b1 + b2;
