@@ -252,6 +252,25 @@ pub fn outside_anon_bytes() -> Option<f64> {
     Some((pages * page as u64) as f64)
 }
 
+/// The address ranges the allocator mapped (its extents and the anonymous mappings that existed
+/// when the hooks went in), sorted; empty when the hooks are not installed or the table overflowed.
+pub fn allocator_ranges() -> Vec<(usize, usize)> {
+    if HOOKS.load(Ordering::Acquire).is_null() {
+        return Vec::new();
+    }
+    // Room before the lock, as in `outside_anon_bytes`.
+    let mut ranges = Vec::with_capacity(MAX_RANGES);
+    {
+        let t = lock();
+        if t.overflowed {
+            return Vec::new();
+        }
+        ranges.extend_from_slice(&t.ranges[..t.len]);
+    }
+    ranges.sort_unstable();
+    ranges
+}
+
 /// `[a, b)` less the sorted ranges `minus`.
 fn subtract((a, b): (usize, usize), minus: &[(usize, usize)]) -> Vec<(usize, usize)> {
     let mut out = Vec::new();

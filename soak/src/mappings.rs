@@ -31,6 +31,14 @@ pub struct Mapping {
     /// The bytes of this range that the project's own code mapped, by the line that mapped them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mapped_at: Vec<MappedAt>,
+    /// The bytes of this range that plateau's allocator (jemalloc) mapped, as its extent hooks
+    /// recorded them: its arenas, never a library's mapping. 0 for another process's mappings.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub allocator_bytes: u64,
+}
+
+fn is_zero(b: &u64) -> bool {
+    *b == 0
 }
 
 /// Bytes the project mapped at one source line.
@@ -92,19 +100,22 @@ pub fn forget(start: u64) {
 pub fn of_process(p: &Process) -> Vec<Mapping> {
     let Ok(maps) = p.maps() else { return Vec::new() };
     let own = own();
-    maps.into_iter().map(|m| listed(&m, &own)).collect()
+    // The allocator's ranges are this process's: another's (a server plateau spawned) has its own.
+    let allocator = if p.pid as u32 == std::process::id() { crate::extents::allocator_ranges() } else { Vec::new() };
+    maps.into_iter().map(|m| listed(&m, &own, &allocator)).collect()
 }
 
 /// Another process's mappings now (a server under test): none of them is plateau's own, whatever
 /// their addresses. Empty when /proc cannot be read.
 pub fn of_other_process(p: &Process) -> Vec<Mapping> {
     let Ok(maps) = p.maps() else { return Vec::new() };
-    maps.into_iter().map(|m| listed(&m, &[])).collect()
+    maps.into_iter().map(|m| listed(&m, &[], &[])).collect()
 }
 
-/// A kernel mapping, with the bytes of it that own mappings made. Own mappings are sorted by
-/// start and do not overlap, so they are sorted by end too: the ones overlapping `m` are a run.
-fn listed(m: &MemoryMap, own: &[Own]) -> Mapping {
+/// A kernel mapping, with the bytes of it that own mappings made and that the allocator mapped
+/// (`allocator`: sorted ranges). Own mappings are sorted by start and do not overlap, so they are
+/// sorted by end too: the ones overlapping `m` are a run.
+fn listed(m: &MemoryMap, own: &[Own], allocator: &[(usize, usize)]) -> Mapping {
     let (start, end) = m.address;
     let lo = own.partition_point(|e| e.0 + e.1 <= start);
     let hi = own.partition_point(|e| e.0 < end);
@@ -121,6 +132,10 @@ fn listed(m: &MemoryMap, own: &[Own]) -> Mapping {
         start,
         bytes: end - start,
         mapped_at: by_line.into_iter().map(|((file, line), bytes)| MappedAt { file, line, bytes }).collect(),
+        allocator_bytes: allocator
+            .iter()
+            .map(|&(a, b)| (b as u64).min(end).saturating_sub((a as u64).max(start)))
+            .sum(),
     }
 }
 
@@ -168,6 +183,8 @@ pub struct GrownRange {
     pub end: u64,
     /// Bytes of the range that were not mapped at the first snapshot.
     pub grown_bytes: u64,
+    /// Whether the allocator mapped most of the range (its arenas).
+    pub allocator: bool,
 }
 
 impl Snapshots {
@@ -216,6 +233,7 @@ impl Snapshots {
                     start: e0,
                     end: e1,
                     grown_bytes: e.bytes - overlap.min(e.bytes),
+                    allocator: 2 * e.allocator_bytes >= e.bytes,
                 }
             })
             .filter(|g| g.grown_bytes > 0)
@@ -244,6 +262,16 @@ impl Snapshots {
             .collect();
         grown.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| (&a.file, a.line).cmp(&(&b.file, b.line))));
         grown
+    }
+}
+
+/// What a grown range that plateau's own code did not map is: the allocator's arena (its extent
+/// hooks recorded it), else a library's mapping.
+fn unowned(g: &GrownRange) -> &'static str {
+    if g.allocator {
+        "; the allocator's own arena (jemalloc mapped it for the heap: its extents, not a library's mapping; see mappings.json)"
+    } else {
+        "; none of it mapped by plateau's own code (a library's mapping: see mappings.json)"
     }
 }
 
@@ -329,7 +357,7 @@ fn name_grown_in(snap: &Snapshots, role: Option<&str>, v: &mut Verdict) {
     } else if in_target {
         line.push_str(" in the target server's process (see mappings.json)");
     } else if said.is_empty() {
-        line.push_str("; none of it mapped by plateau's own code (a library's mapping: see mappings.json)");
+        line.push_str(unowned(g));
     } else {
         line.push_str(&format!("; plateau's own mappings still mapped: {}", said.join(", ")));
     }
@@ -353,7 +381,7 @@ mod tests {
     use super::*;
 
     fn map(name: &str, start: u64, bytes: u64, mapped_at: Vec<MappedAt>) -> Mapping {
-        Mapping { name: name.into(), perms: "rw-p".into(), start, bytes, mapped_at }
+        Mapping { name: name.into(), perms: "rw-p".into(), start, bytes, mapped_at, allocator_bytes: 0 }
     }
 
     fn at(line: u32, bytes: u64) -> MappedAt {
@@ -392,8 +420,29 @@ mod tests {
             pathname: MMapPath::Anonymous,
             extension: Default::default(),
         };
-        let l = listed(&m, &own);
+        let l = listed(&m, &own, &[(0x1000, 0x3000), (0x5800, 0x7000)]);
         assert_eq!(l.mapped_at, vec![MappedAt { file: here.file().into(), line: here.line(), bytes: 0x2000 }]);
         assert_eq!(l.name, "anonymous");
+        assert_eq!(l.allocator_bytes, 0x1000 + 0x800, "the allocator's ranges, clipped to the mapping");
+    }
+
+    #[test]
+    fn a_grown_arena_of_the_allocator_is_named_as_the_allocator_s() {
+        let arena = |bytes| Mapping { allocator_bytes: bytes, ..map("anonymous", 0x10000, bytes, vec![]) };
+        let snap = Snapshots {
+            start_iter: 20,
+            end_iter: 60,
+            start: vec![arena(0x2000)],
+            end: vec![arena(0x8000)],
+            roles: BTreeMap::new(),
+        };
+        let g = &snap.grown()[0];
+        assert!(g.allocator && unowned(g).contains("the allocator's own arena"));
+        let library = Snapshots {
+            start: vec![map("anonymous", 0x10000, 0x2000, vec![])],
+            end: vec![map("anonymous", 0x10000, 0x8000, vec![])],
+            ..snap.clone()
+        };
+        assert!(unowned(&library.grown()[0]).contains("a library's mapping"));
     }
 }

@@ -491,3 +491,20 @@ fn a_python_process_says_which_of_its_layers_grew() {
     // No "no allocator statistics" line for a process whose layers are read.
     assert!(v.attribution.iter().all(|l| !l.contains("no allocator statistics")), "{:?}", v.attribution);
 }
+
+#[test]
+fn a_fill_whose_rate_halves_each_quarter_passes_and_square_root_growth_does_not() {
+    // HALVING_RATIO: a Python server's objects in its first 60 iterations, its interpreter's caches
+    // filling (the rate falls by about 8% an iteration), against square-root growth of as much.
+    let cfg = DetectorConfig::default();
+    let x: Vec<f64> = (21..=60).map(|i| i as f64).collect();
+    let filling: Vec<f64> =
+        x.iter().map(|&i| BASE - 40_000.0 * 0.92f64.powf(i - 20.0) + noise(i as u64, 16.0)).collect();
+    let root: Vec<f64> = x.iter().map(|&i| BASE + 8_000.0 * (i - 20.0).sqrt() + noise(i as u64, 16.0)).collect();
+    let series = |y| crate::gauge::Series { x: &x, y, unit: "bytes", quantum: 16.0, tolerance_per_iter: 0.0 };
+    let fill = crate::gauge::judge(&series(&filling), &cfg);
+    assert_eq!(fill.status, Status::Pass, "{}", fill.reason);
+    assert!(fill.reason.contains("a fill approaching its bound"), "{}", fill.reason);
+    let leak = crate::gauge::judge(&series(&root), &cfg);
+    assert_eq!(leak.status, Status::Fail, "{}", leak.reason);
+}
