@@ -40,7 +40,8 @@ pub struct LiveHeap {
 
 /// A gauge's net rate over the quiescent points of [start, end], if two points are there: what a
 /// profiled replay's window is compared with. The net change (the median of the window's last
-/// fifth less that of its first fifth, over the iterations between their middles), not a fitted
+/// fifth less that of its first fifth, five points at most, over the iterations between their
+/// middles: a staircase's window keeps five points beyond each of its steps), not a fitted
 /// slope: a staircase's steps are most of its rise, and a line through its level ground misses
 /// them (a doubling id set's window of 40 iterations rose 1.4 KiB an iteration in two steps, and
 /// its Theil–Sen slope said 752 B).
@@ -48,7 +49,7 @@ pub fn window_rate(s: &Samples, name: &str, start: u64, end: u64) -> Option<f64>
     let i = s.index(name)?;
     let pts: Vec<(u64, f64)> = s.quiescent_series(i).into_iter().filter(|(it, _)| (start..=end).contains(it)).collect();
     (pts.len() >= 2).then(|| {
-        let k = (pts.len() / 5).max(1);
+        let k = (pts.len() / 5).clamp(1, 5);
         let mid = |part: &[(u64, f64)]| {
             let mut x: Vec<f64> = part.iter().map(|p| p.0 as f64).collect();
             let mut y: Vec<f64> = part.iter().map(|p| p.1).collect();

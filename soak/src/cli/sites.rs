@@ -24,6 +24,28 @@ fn replay_window(warmup: u64, iterations: u64, first_iter: Option<u64>) -> (u64,
     (start.max(end.saturating_sub(REPLAY_ITERATIONS)), end)
 }
 
+/// Iterations the window of a staircase keeps on the far side of its two steps: a level of
+/// five points holds its median through a blip (as the staircase view's segments do).
+const STEP_MARGIN: u64 = 5;
+
+/// The replay's window for a heap that grows in steps: from just before its second-to-last step
+/// to just after its last, so each half of the window holds one whole step. The replay counts a
+/// stack that grew in both halves; a window of the 40 iterations before the verdict was conclusive
+/// held one doubling of an id set near its end and blamed nothing. None when the heap is no
+/// climbing staircase of two steps or more.
+fn staircase_window(dir: &std::path::Path, warmup: u64, iterations: u64) -> Option<(u64, u64)> {
+    let s = plateau_reports::Samples::read(&dir.join("samples.jsonl")).ok()?;
+    let i = s.index("jemalloc.allocated")?;
+    let quantum = s.header.metrics.get("jemalloc.allocated").and_then(|m| m.quantum).unwrap_or(1.0);
+    let (x, y): (Vec<f64>, Vec<f64>) =
+        s.quiescent_series(i).into_iter().filter(|(it, _)| *it >= warmup).map(|(it, v)| (it as f64, v)).unzip();
+    let st = plateau_soak::detector::steps::staircase(&x, &y, quantum).filter(|st| st.climbs())?;
+    let (a, b) = (st.ups[st.ups.len() - 2].0 as u64, st.ups[st.ups.len() - 1].0 as u64);
+    let start = a.saturating_sub(STEP_MARGIN).max(warmup.max(1));
+    let end = (b + STEP_MARGIN).min(iterations);
+    (end > b && start < a).then_some((start, end))
+}
+
 /// After a run whose heap failed (or with --profile), the profiled replay that names where it
 /// grew; then the verdict is drawn again with the sites. Some(exit code) when the replay could not
 /// be run (the run's verdict stays written) or the growth is in another process.
@@ -37,7 +59,9 @@ pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -
     if !(profile || heap.status == plateau_reports::Status::Fail) {
         return None;
     }
-    let (start, end) = replay_window(r.verdict.warmup_iterations, r.iterations, heap.first_iter);
+    let warmup = r.verdict.warmup_iterations;
+    let (start, end) = staircase_window(&r.out_dir, warmup, r.iterations)
+        .unwrap_or_else(|| replay_window(warmup, r.iterations, heap.first_iter));
     if end <= start {
         eprintln!("plateau: no profiled replay: the run ended within its warm-up");
         return None;
