@@ -202,7 +202,7 @@ impl Staircase {
     /// The iterations at which step events began: the steps, with each step that came within
     /// [`CLUSTER_FRACTION`] of the gap before it joined to the event it follows. The first gap
     /// has none before it, so two steps are always two events.
-    fn events(&self) -> Vec<f64> {
+    pub fn events(&self) -> Vec<f64> {
         let mut at: Vec<f64> = Vec::with_capacity(self.ups.len());
         let mut last_step = f64::NEG_INFINITY;
         for &(i, _) in &self.ups {

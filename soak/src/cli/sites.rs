@@ -29,7 +29,7 @@ fn replay_window(warmup: u64, iterations: u64, first_iter: Option<u64>) -> (u64,
 const STEP_MARGIN: u64 = 5;
 
 /// The replay's window for a heap that grows in steps: from just before its second-to-last step
-/// to just after its last, so each half of the window holds one whole step. The replay counts a
+/// event to just after its last step, so each half of the window holds one whole event. The replay counts a
 /// stack that grew in both halves; a window of the 40 iterations before the verdict was conclusive
 /// held one doubling of an id set near its end and blamed nothing. None when the heap is no
 /// climbing staircase of two steps or more.
@@ -40,7 +40,13 @@ fn staircase_window(dir: &std::path::Path, warmup: u64, iterations: u64) -> Opti
     let (x, y): (Vec<f64>, Vec<f64>) =
         s.quiescent_series(i).into_iter().filter(|(it, _)| *it >= warmup).map(|(it, v)| (it as f64, v)).unzip();
     let st = plateau_soak::detector::steps::staircase(&x, &y, quantum).filter(|st| st.climbs())?;
-    let (a, b) = (st.ups[st.ups.len() - 2].0 as u64, st.ups[st.ups.len() - 1].0 as u64);
+    // Steps close together are one event (two engines' tables doubling a few iterations apart):
+    // the window runs from the second-to-last event to the last step.
+    let events = st.events();
+    if events.len() < 2 {
+        return None;
+    }
+    let (a, b) = (events[events.len() - 2] as u64, st.ups[st.ups.len() - 1].0 as u64);
     let start = a.saturating_sub(STEP_MARGIN).max(warmup.max(1));
     let end = (b + STEP_MARGIN).min(iterations);
     (end > b && start < a).then_some((start, end))
