@@ -37,66 +37,27 @@ pub struct Case {
 /// or two (28 KiB steps) at iteration 90: a clean run of seed 100 failed there once in CI.
 const CLEAN_QUICK: Option<u64> = None;
 
+/// A clean scenario, at its own length.
+const fn clean(scenario: &'static str) -> Case {
+    Case { scenario, inject: None, plant: None, quick_iterations: CLEAN_QUICK, expect_metric: None, also: &[] }
+}
+
+/// A scenario with a plant (a correct cache), clean: at its own length, and it must pass.
+const fn planted(scenario: &'static str, plant: &'static str) -> Case {
+    Case { plant: Some(plant), ..clean(scenario) }
+}
+
 /// The heap and everything the kernel counts of it.
 const HEAP: &[&str] = &["jemalloc.", "proc.rss", "proc.anon_", "proc.pte"];
 
 pub const CASES: [Case; 25] = [
-    Case {
-        scenario: "n-sampling",
-        inject: None,
-        plant: None,
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "aborts",
-        inject: None,
-        plant: None,
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "rl-rollout",
-        inject: None,
-        plant: None,
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "prefill-only",
-        inject: None,
-        plant: None,
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "mixed",
-        inject: None,
-        plant: None,
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "multimodal-repeat",
-        inject: None,
-        plant: None,
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "pd-transfer",
-        inject: None,
-        plant: None,
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
+    clean("n-sampling"),
+    clean("aborts"),
+    clean("rl-rollout"),
+    clean("prefill-only"),
+    clean("mixed"),
+    clean("multimodal-repeat"),
+    clean("pd-transfer"),
     Case {
         scenario: "n-sampling",
         inject: Some("registry-retains-finished"),
@@ -204,54 +165,12 @@ pub const CASES: [Case; 25] = [
         also: HEAP,
     },
     // Correct caches pass where a real one would: clean cases, at their scenario's own length.
-    Case {
-        scenario: "mixed",
-        inject: None,
-        plant: Some("bounded-cache"),
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "mixed",
-        inject: None,
-        plant: Some("cleared-buffer"),
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "mixed",
-        inject: None,
-        plant: Some("prompt-lru"),
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "n-sampling",
-        inject: None,
-        plant: Some("bounded-cache"),
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "n-sampling",
-        inject: None,
-        plant: Some("cleared-buffer"),
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
-    Case {
-        scenario: "n-sampling",
-        inject: None,
-        plant: Some("prompt-lru"),
-        quick_iterations: CLEAN_QUICK,
-        expect_metric: None,
-        also: &[],
-    },
+    planted("mixed", "bounded-cache"),
+    planted("mixed", "cleared-buffer"),
+    planted("mixed", "prompt-lru"),
+    planted("n-sampling", "bounded-cache"),
+    planted("n-sampling", "cleared-buffer"),
+    planted("n-sampling", "prompt-lru"),
 ];
 
 /// What the verdict's attribution must say for an injection, beyond naming the metric.

@@ -131,7 +131,11 @@ fn judge_series(s: &Series, cfg: &DetectorConfig) -> Judgement {
     // clear the noise of successive points by construction; two series interleaved, such as
     // levels sampled alternately purged and not, can still cut into steps that do not clear the
     // spread around the line), and when the rate its steps imply is past the tolerance.
-    let stairs = staircase(x, y, q).filter(|st| {
+    let cut = staircase(x, y, q);
+    // A rise that came in separated jumps is a staircase: its own rule (the next step overdue)
+    // says whether it stopped, never a slowing last half, whose quarters a step may fall between.
+    let jumps = cut.as_ref().is_some_and(|st| st.ups.len() >= 2);
+    let stairs = cut.filter(|st| {
         st.climbs()
             && st.rise() >= MIN_QUANTA * q
             && st.rise() >= NOISE_SCALES * noise
@@ -260,10 +264,7 @@ fn judge_series(s: &Series, cfg: &DetectorConfig) -> Judgement {
             ),
         );
     }
-    // A rise that came in separated jumps is a staircase: its own rule (the next step overdue)
-    // says whether it stopped, never a slowing last half, whose quarters a step may fall between.
-    let jumps = staircase(x, y, q).is_some_and(|st| st.ups.len() >= 2);
-    if let Some((third, fourth)) = dying_away(tx, ty).or_else(|| halving(x, y)).filter(|_| !jumps) {
+    if let Some((third, fourth)) = (!jumps).then(|| dying_away(tx, ty).or_else(|| halving(x, y))).flatten() {
         return j(
             Status::Pass,
             format!(

@@ -33,8 +33,7 @@ const STEP_MARGIN: u64 = 5;
 /// stack that grew in both halves; a window of the 40 iterations before the verdict was conclusive
 /// held one doubling of an id set near its end and blamed nothing. None when the heap is no
 /// climbing staircase of two steps or more.
-fn staircase_window(dir: &std::path::Path, warmup: u64, iterations: u64) -> Option<(u64, u64)> {
-    let s = plateau_reports::Samples::read(&dir.join("samples.jsonl")).ok()?;
+fn staircase_window(s: &plateau_reports::Samples, warmup: u64, iterations: u64) -> Option<(u64, u64)> {
     let i = s.index("jemalloc.allocated")?;
     let quantum = s.header.metrics.get("jemalloc.allocated").and_then(|m| m.quantum).unwrap_or(1.0);
     let (x, y): (Vec<f64>, Vec<f64>) =
@@ -66,7 +65,11 @@ pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -
         return None;
     }
     let warmup = r.verdict.warmup_iterations;
-    let (start, end) = staircase_window(&r.out_dir, warmup, r.iterations)
+    // The run's samples, read once: the window and the run's growth over it.
+    let samples = plateau_reports::Samples::read(&r.out_dir.join("samples.jsonl")).ok();
+    let (start, end) = samples
+        .as_ref()
+        .and_then(|s| staircase_window(s, warmup, r.iterations))
         .unwrap_or_else(|| replay_window(warmup, r.iterations, heap.first_iter));
     if end <= start {
         eprintln!("plateau: no profiled replay: the run ended within its warm-up");
@@ -92,7 +95,9 @@ pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -
         // The run's own growth over the replay's window, so that like is compared with like (a
         // cache that filled before the window, or a growth that starts after it, would make the
         // run's overall rate another figure).
-        run_bytes_per_iter: window_rate(&r.out_dir, "jemalloc.allocated", start, end)
+        run_bytes_per_iter: samples
+            .as_ref()
+            .and_then(|s| plateau_soak::detector::window_rate(s, "jemalloc.allocated", start, end))
             .unwrap_or_else(|| heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter)),
         requests_per_iter: r.verdict.requests_per_iter,
     };

@@ -125,6 +125,21 @@ fn size(doc: &Table) -> String {
     )
 }
 
+/// What a minimal scenario that needs no feature needs, by the kinds of the phases it kept:
+/// requests, or something else (a sleep and wake, a weight update), which the story names rather
+/// than claiming a request triggers it.
+fn nothing_needed(kinds: &[String]) -> String {
+    match kinds {
+        [k] if k == "batch" || k == "pressure" => {
+            format!("nothing beyond one `{k}` phase of requests: any request of it triggers the leak")
+        }
+        [k] => {
+            format!("nothing beyond one `{k}` phase, with no feature of it needed: the phase alone triggers the leak")
+        }
+        ks => format!("nothing beyond the phases kept ({}): no feature of them is needed", ks.join(", ")),
+    }
+}
+
 /// Writes minimal.toml, story.md and shrink.json into the shrink's directory; returns the story.
 pub fn write(i: &Inputs) -> Result<String, String> {
     let run_secs: f64 = i.records.iter().map(|r| r.secs).sum();
@@ -173,19 +188,7 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         let _ = writeln!(s, "- {}: {} {} (candidate {})", c.part, c.off, outcome(r), r.id);
     }
     if kept.is_empty() && unchecked.is_empty() {
-        // What the one phase left is: requests, or something else (a sleep and wake, a weight
-        // update), which the story names rather than claiming a request triggers it.
-        let kinds = features::phase_kinds(i.minimal);
-        let line = match kinds.as_slice() {
-            [k] if k == "batch" || k == "pressure" => {
-                format!("nothing beyond one `{k}` phase of requests: any request of it triggers the leak")
-            }
-            [k] => format!(
-                "nothing beyond one `{k}` phase, with no feature of it needed: the phase alone triggers the leak"
-            ),
-            ks => format!("nothing beyond the phases kept ({}): no feature of them is needed", ks.join(", ")),
-        };
-        let _ = writeln!(s, "- {line}");
+        let _ = writeln!(s, "- {}", nothing_needed(&features::phase_kinds(i.minimal)));
     }
     if !unchecked.is_empty() {
         let _ = writeln!(
