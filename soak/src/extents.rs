@@ -193,8 +193,16 @@ pub fn install() -> bool {
         let hooks: &'static mut sys::extent_hooks_t = Box::leak(Box::new(ours));
         HOOKS.store(hooks, Ordering::Release);
         // What exists now is the allocator's (before any of the program's own mappings).
-        for (a, b) in private_anonymous(true) {
+        let existing = private_anonymous(true);
+        for &(a, b) in &existing {
             record(a, b);
+        }
+        // Learn the boot base's blocks mapped so far, so that those it maps later are known by
+        // the block they name (see crate::base_blocks).
+        if let (Ok(pagemap), Ok(mem)) =
+            (std::fs::File::open("/proc/self/pagemap"), std::fs::File::open("/proc/self/mem"))
+        {
+            crate::base_blocks::find(&existing, &pagemap, &mem, page_size());
         }
         // SAFETY: a documented read-only mallctl of type unsigned.
         let narenas: u32 = unsafe { tikv_jemalloc_ctl::raw::read(b"arenas.narenas\0") }.unwrap_or(1);
@@ -242,12 +250,24 @@ pub fn outside_anon_bytes() -> Option<f64> {
     allocator.sort_unstable();
     let page = page_size();
     let pagemap = std::fs::File::open("/proc/self/pagemap").ok()?;
+    let mut gaps: Vec<(usize, usize)> =
+        private_anonymous(false).into_iter().flat_map(|m| subtract(m, &allocator)).collect();
+    // The boot base's metadata blocks, mapped without the hooks, are the allocator's too.
+    if let Ok(mem) = std::fs::File::open("/proc/self/mem") {
+        let blocks = crate::base_blocks::find(&gaps, &pagemap, &mem, page);
+        if !blocks.is_empty() {
+            for &(lo, hi) in &blocks {
+                record(lo, hi);
+            }
+            allocator.extend_from_slice(&blocks);
+            allocator.sort_unstable();
+            gaps = gaps.into_iter().flat_map(|g| subtract(g, &allocator)).collect();
+        }
+    }
     let mut pages = 0u64;
     let mut buf = Vec::new();
-    for (a, b) in private_anonymous(false) {
-        for (lo, hi) in subtract((a, b), &allocator) {
-            pages += count_pages(&pagemap, lo, hi, page, &mut buf)?;
-        }
+    for (lo, hi) in gaps {
+        pages += count_pages(&pagemap, lo, hi, page, &mut buf)?;
     }
     Some((pages * page as u64) as f64)
 }
@@ -320,6 +340,24 @@ fn page_size() -> usize {
     }
 }
 
+/// Maps `len` bytes of private anonymous memory for a test; the caller unmaps them.
+#[cfg(test)]
+pub(crate) fn map_anonymous(len: usize) -> *mut libc::c_void {
+    // SAFETY: a fresh anonymous private mapping at an address the kernel picks.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mapping {len} bytes");
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -342,18 +380,7 @@ mod tests {
         assert!(with_heap - before < 16.0 * 4096.0, "the heap's pages counted outside: {before} -> {with_heap}");
         // 64 pages mapped by hand and touched: counted, all of them.
         let len = 64 * page_size();
-        // SAFETY: an anonymous private mapping, written within its length, unmapped below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
+        let p = map_anonymous(len);
         unsafe { std::ptr::write_bytes(p.cast::<u8>(), 7, len) };
         let with_map = outside_anon_bytes().expect("measured");
         let grew = with_map - with_heap;

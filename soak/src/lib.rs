@@ -28,6 +28,7 @@ pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
 pub mod analysis;
 pub mod arena;
+pub mod base_blocks;
 pub mod bisect;
 pub mod driver;
 pub mod environment;
