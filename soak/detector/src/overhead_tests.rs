@@ -74,6 +74,36 @@ fn bookkeeping_at_a_steady_rate_fails_named_for_what_it_is() {
     assert!(m.location.as_deref().unwrap_or_default().starts_with("allocator overhead"), "{:?}", m.location);
 }
 
+/// A 64 MiB cache full by iteration 10 on 8 MiB of engine, then churning: the live heap level.
+fn early_full(i: u64) -> f64 {
+    8.0 * MIB + 64.0 * MIB * (i as f64 / 10.0).min(1.0)
+}
+
+/// Bookkeeping that fills with the heap, then by a steady 35 B an iteration (the measured
+/// bounded cache in prefill-only, which stops by iteration 250), on jemalloc's 16-byte grid.
+fn filling_in(i: u64) -> f64 {
+    (3.0 * MIB + MIB * (i as f64 / 10.0).min(1.0) + 35.0 * (i as f64 - 10.0).max(0.0)).div_euclid(16.0) * 16.0
+}
+
+#[test]
+fn a_steady_rise_as_small_as_bookkeeping_filling_in_is_undecided_until_it_outgrows_that() {
+    let s = samples(&[("jemalloc.allocated", &early_full), ("jemalloc.metadata", &filling_in)]);
+    let m = verdict_of(&s, "jemalloc.metadata");
+    assert_eq!(m.status, Status::Inconclusive, "{}", m.reason);
+    assert!(m.reason.contains("undecided") && m.reason.contains("show whether it slows"), "{}", m.reason);
+    assert_eq!(m.needs_iterations, Some(400), "{}", m.reason);
+    // The same rate kept up for 3,000 iterations has added 0.14% of the heap: more than a fill.
+    let mut metrics = BTreeMap::new();
+    for name in ["jemalloc.allocated", "jemalloc.metadata"] {
+        metrics.insert(name.to_string(), MetricSpec::new(Kind::Gauge, "bytes"));
+    }
+    let mut long =
+        samples_of(metrics, 3000, |name, i| if name == "jemalloc.metadata" { filling_in(i) } else { early_full(i) });
+    plateau_reports::relations::declare_v1(&mut long.header.metrics);
+    let m = verdict_of(&long, "jemalloc.metadata");
+    assert_eq!(m.status, Status::Fail, "{}", m.reason);
+}
+
 #[test]
 fn a_leak_of_a_kib_riding_on_converging_bookkeeping_fails() {
     let both = |i: u64| converging(i) + 1024.0 * (i as f64 - 60.0).max(0.0);
