@@ -63,7 +63,10 @@ pub struct ExternalArgs {
     /// hook (a `sitecustomize` module first on their PYTHONPATH, which runs the environment's own
     /// after it) reports each Python process's objects, its allocators' holdings and malloc's
     /// (`target.ROLE.py.*`, `target.ROLE.malloc.*`) at every quiescent point, and starts memray
-    /// inside the process that grew for a profiled replay.
+    /// inside the process that grew for a profiled replay. With the hook, the server starts with
+    /// glibc's per-thread caches of freed chunks off (GLIBC_TUNABLES=glibc.malloc.tcache_count=0,
+    /// added to the user's own unless it sets that itself), so malloc's in-use figure is what the
+    /// program holds, not what its threads keep for reuse.
     #[arg(long, help_heading = "External target")]
     pub(super) no_python_hook: bool,
     /// The profiled replay's own side (set by plateau for the child it runs): record memray

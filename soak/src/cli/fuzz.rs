@@ -18,10 +18,13 @@ pub struct Args {
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     cases: u32,
     /// Iterations of each case before it may go on (while its gauges are undecided, up to four
-    /// times as many). 60: the shortest default run whose every gauge has the 20 points after
-    /// warm-up a trend verdict needs; a registry leftover ends a case at once.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=100_000))]
-    iterations: u64,
+    /// times as many). Default 60: the shortest run whose every gauge has the 20 points after
+    /// warm-up a trend verdict needs; a registry leftover ends a case at once. Against a server
+    /// (--target, --topology) the scenario's `target_iterations` and `target_warmup_iterations`
+    /// where it sets them, as `plateau run` uses: a server warming up for 300 iterations would
+    /// fail every 60-iteration case.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    iterations: Option<u64>,
     /// Seed of the draw and of every case's workload (default: the scenario's).
     #[arg(long)]
     seed: Option<u64>,
@@ -53,13 +56,14 @@ pub fn main(a: Args) -> u8 {
             return USAGE;
         }
     };
-    let doc: toml::Table = match s.text.parse() {
+    let mut doc: toml::Table = match s.text.parse() {
         Ok(d) => d,
         Err(e) => {
             eprintln!("plateau: {}: {e}", s.file);
             return USAGE;
         }
     };
+    let iterations = case_length(&s, &mut doc, iterations, external.target.is_some() || external.topology.is_some());
     let exe = match super::own_exe() {
         Ok(e) => e,
         Err(code) => return code,
@@ -163,6 +167,27 @@ fn outcome_code(failed: bool, judged: usize, undecided: usize, asked: usize) -> 
     }
 }
 
+/// Each case's length: the user's (with the scenario's own warm-up, as `plateau run` keeps it),
+/// else against a server the scenario's target length with its target warm-up written into the
+/// cases' scenario (`doc`), else [`DEFAULT_CASE_ITERATIONS`].
+fn case_length(s: &Scenario, doc: &mut toml::Table, asked: Option<u64>, external: bool) -> u64 {
+    let target = s.soak.target_iterations.is_some() || s.soak.target_warmup_iterations.is_some();
+    if let Some(n) = asked {
+        return n;
+    }
+    if !external || !target {
+        return DEFAULT_CASE_ITERATIONS;
+    }
+    let t = s.soak.for_target();
+    if let Some(soak) = doc.get_mut("soak").and_then(toml::Value::as_table_mut) {
+        soak.insert("warmup_iterations".into(), toml::Value::Integer(t.warmup_iterations.min(i64::MAX as u64) as i64));
+    }
+    t.iterations
+}
+
+/// A case's length unless the user or a target length says otherwise (see `--iterations`).
+const DEFAULT_CASE_ITERATIONS: u64 = 60;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,5 +200,21 @@ mod tests {
         assert_eq!(outcome_code(false, 0, 0, 32), HARNESS);
         assert_eq!(outcome_code(true, 0, 0, 32), LEAK);
         assert_eq!(outcome_code(true, 3, 1, 32), LEAK);
+    }
+
+    #[test]
+    fn cases_against_a_server_run_the_scenario_s_target_length_after_its_target_warm_up() {
+        let (s, _) = Scenario::load("n-sampling").expect("shipped");
+        let fresh = || -> toml::Table { s.text.parse().expect("toml") };
+        let warmup = |d: &toml::Table| d["soak"]["warmup_iterations"].as_integer();
+        let mut doc = fresh();
+        assert_eq!(case_length(&s, &mut doc, None, true), 600);
+        assert_eq!(warmup(&doc), Some(300));
+        let mut doc = fresh();
+        assert_eq!(case_length(&s, &mut doc, None, false), DEFAULT_CASE_ITERATIONS);
+        assert_eq!(warmup(&doc), Some(20));
+        let mut doc = fresh();
+        assert_eq!(case_length(&s, &mut doc, Some(100), true), 100);
+        assert_eq!(warmup(&doc), Some(20));
     }
 }
