@@ -93,8 +93,7 @@ pub fn find(gaps: &[(usize, usize)], pagemap: &std::fs::File, mem: &std::fs::Fil
     let mut grew = true;
     while grew && known.len() < MAX_BLOCKS {
         grew = false;
-        for k in 0..candidates.len() {
-            let (at, size, next) = candidates[k];
+        for &(at, size, next) in &candidates {
             if next != 0 && known.contains(&next) && !known.contains(&at) && known.len() < MAX_BLOCKS {
                 known.push(at);
                 found.push((at, at + size));

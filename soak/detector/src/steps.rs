@@ -556,7 +556,7 @@ mod tests {
         let x = xs(180);
         let y = wobble(180);
         assert!(
-            staircase(&x, &y, 1.0).map_or(true, |s| s.ups.is_empty() && s.downs == 0),
+            staircase(&x, &y, 1.0).is_none_or(|s| s.ups.is_empty() && s.downs == 0),
             "{:?}",
             staircase(&x, &y, 1.0)
         );

@@ -156,7 +156,8 @@ pub fn run(mut engine: Box<dyn System + Send>, commands: Receiver<Command>) -> R
                     }
                 }
                 Command::Sleep { level, reply } => {
-                    let r = engine.sleep(level).map_err(|e| e.to_string());
+                    let r = end_abandoned(engine.as_mut(), &mut live, start)
+                        .and_then(|()| engine.sleep(level).map_err(|e| e.to_string()));
                     if r.is_ok() {
                         asleep.extend(Tag::ALL);
                         release_pages(engine.as_ref());
@@ -243,6 +244,41 @@ pub fn run(mut engine: Box<dyn System + Send>, commands: Receiver<Command>) -> R
             release_pages(engine.as_ref());
         }
     }
+}
+
+/// Steps a request whose client has gone (closed its stream) cannot outlast: aborted, its output
+/// comes out of the next step.
+const ABANDONED_STEPS: usize = 4;
+
+/// Ends the requests whose clients have gone before a command that needs nothing in flight
+/// (sleep). A client that aborted closes its stream and may send the command at once, before this
+/// thread has seen the stream closed: those requests are aborted and stepped out here (at most
+/// [`ABANDONED_STEPS`] steps) instead of refusing the command. A request whose client still
+/// listens is left alone, and the command is refused as busy.
+fn end_abandoned(
+    engine: &mut (dyn System + Send),
+    live: &mut BTreeMap<u64, Live>,
+    start: Instant,
+) -> Result<(), String> {
+    if live.is_empty() || live.values().any(|l| !l.events.is_closed()) {
+        return Ok(());
+    }
+    for &id in live.keys() {
+        engine.abort(id);
+    }
+    for _ in 0..ABANDONED_STEPS {
+        if !engine.has_unfinished() {
+            break;
+        }
+        for out in engine.step(start.elapsed().as_millis() as u64).map_err(|e| format!("engine step: {e}"))? {
+            live.remove(&out.id);
+        }
+    }
+    if !engine.has_unfinished() {
+        live.clear();
+        release_pages(engine);
+    }
+    Ok(())
 }
 
 /// Sends a sequence's tokens past those already sent. A full or closed channel drops them: the
