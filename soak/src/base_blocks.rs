@@ -119,6 +119,24 @@ fn header(mem: &std::fs::File, addr: usize) -> Option<(usize, usize)> {
     Some((size, next))
 }
 
+/// Maps `len` bytes of private anonymous memory for a test; the caller unmaps them.
+#[cfg(test)]
+pub(crate) fn map_anonymous(len: usize) -> *mut libc::c_void {
+    // SAFETY: a fresh anonymous private mapping at an address the kernel picks.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mapping {len} bytes");
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,7 +144,7 @@ mod tests {
     /// Maps three 2 MiB units by hand and writes a block header at the first boundary in them.
     fn headed_mapping(size: usize, next: impl Fn(usize) -> usize) -> (*mut libc::c_void, usize, usize) {
         let len = 3 * BLOCK_ALIGN;
-        let p = crate::extents::map_anonymous(len);
+        let p = map_anonymous(len);
         let start = (p as usize).next_multiple_of(BLOCK_ALIGN);
         // SAFETY: start and the two words after it lie inside the mapping (it spans 3 units).
         unsafe {

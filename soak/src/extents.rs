@@ -254,15 +254,12 @@ pub fn outside_anon_bytes() -> Option<f64> {
         private_anonymous(false).into_iter().flat_map(|m| subtract(m, &allocator)).collect();
     // The boot base's metadata blocks, mapped without the hooks, are the allocator's too.
     if let Ok(mem) = std::fs::File::open("/proc/self/mem") {
-        let blocks = crate::base_blocks::find(&gaps, &pagemap, &mem, page);
-        if !blocks.is_empty() {
-            for &(lo, hi) in &blocks {
-                record(lo, hi);
-            }
-            allocator.extend_from_slice(&blocks);
-            allocator.sort_unstable();
-            gaps = gaps.into_iter().flat_map(|g| subtract(g, &allocator)).collect();
+        let mut blocks = crate::base_blocks::find(&gaps, &pagemap, &mem, page);
+        blocks.sort_unstable();
+        for &(lo, hi) in &blocks {
+            record(lo, hi);
         }
+        gaps = gaps.into_iter().flat_map(|g| subtract(g, &blocks)).collect();
     }
     let mut pages = 0u64;
     let mut buf = Vec::new();
@@ -340,24 +337,6 @@ fn page_size() -> usize {
     }
 }
 
-/// Maps `len` bytes of private anonymous memory for a test; the caller unmaps them.
-#[cfg(test)]
-pub(crate) fn map_anonymous(len: usize) -> *mut libc::c_void {
-    // SAFETY: a fresh anonymous private mapping at an address the kernel picks.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED, "mapping {len} bytes");
-    p
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,7 +359,7 @@ mod tests {
         assert!(with_heap - before < 16.0 * 4096.0, "the heap's pages counted outside: {before} -> {with_heap}");
         // 64 pages mapped by hand and touched: counted, all of them.
         let len = 64 * page_size();
-        let p = map_anonymous(len);
+        let p = crate::base_blocks::map_anonymous(len);
         unsafe { std::ptr::write_bytes(p.cast::<u8>(), 7, len) };
         let with_map = outside_anon_bytes().expect("measured");
         let grew = with_map - with_heap;

@@ -193,16 +193,18 @@ pub fn apply(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) {
         let v = |a: f64| fmt_value(a, &unit);
         let share = if live > 0.0 { 100.0 * projected / live } else { f64::INFINITY };
         let rise = y[y.len() - 1] - y[0];
+        let location = format!(
+            "allocator overhead: fragmentation or bookkeeping of a heap that levelled off ({heap} at {})",
+            v(live)
+        );
         if !slowing && within_budget && could_still_be_filling(last_rate, rise, live) {
-            let needs = round_up_50(x[x.len() - 1] + (x[x.len() - 1] - settled));
+            let last = x[x.len() - 1];
+            let needs = round_up_50(last + (last - settled));
             m.status = Status::Inconclusive;
             m.first_iter = None;
             m.projected = None;
             m.needs_iterations = Some(needs);
-            m.location = Some(format!(
-                "allocator overhead: fragmentation or bookkeeping of a heap that levelled off ({heap} at {})",
-                v(live)
-            ));
+            m.location = Some(location);
             m.reason.push_str(&format!(
                 "; the heap levelled off from iteration {settled}, and since then this overhead rose by {} at a steady {}/iteration, then {}/iteration: under {}% of the live heap per {FILL_ITERATIONS} iterations, the size of the allocator's own bookkeeping filling in after a fill, which this run is too short to tell from a leak: undecided; {needs} iterations show whether it slows",
                 v(rise),
@@ -224,10 +226,7 @@ pub fn apply(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfig) {
             } else {
                 format!("not slowing: {}/iteration, then {}/iteration", v(first_rate), v(last_rate))
             };
-            m.location = Some(format!(
-                "allocator overhead: fragmentation or bookkeeping of a heap that levelled off ({heap} at {})",
-                v(live)
-            ));
+            m.location = Some(location);
             m.reason.push_str(&format!(
                 "; the heap levelled off from iteration {settled}, so this is the allocator's bookkeeping or fragmentation, and since then {why}"
             ));

@@ -171,10 +171,10 @@ fn outcome_code(failed: bool, judged: usize, undecided: usize, asked: usize) -> 
 /// else against a server the scenario's target length with its target warm-up written into the
 /// cases' scenario (`doc`), else [`DEFAULT_CASE_ITERATIONS`].
 fn case_length(s: &Scenario, doc: &mut toml::Table, asked: Option<u64>, external: bool) -> u64 {
-    let target = s.soak.target_iterations.is_some() || s.soak.target_warmup_iterations.is_some();
     if let Some(n) = asked {
         return n;
     }
+    let target = s.soak.target_iterations.is_some() || s.soak.target_warmup_iterations.is_some();
     if !external || !target {
         return DEFAULT_CASE_ITERATIONS;
     }

@@ -207,12 +207,7 @@ pub fn run(mut engine: Box<dyn System + Send>, commands: Receiver<Command>) -> R
                 }
             }
         }
-        // A client that went away (closed its stream) aborts its request, as vLLM does.
-        for (&id, l) in &live {
-            if l.events.is_closed() {
-                engine.abort(id);
-            }
-        }
+        abort_abandoned(engine.as_mut(), &live);
         if !engine.has_unfinished() && !held {
             if idle {
                 continue;
@@ -263,9 +258,7 @@ fn end_abandoned(
     if live.is_empty() || live.values().any(|l| !l.events.is_closed()) {
         return Ok(());
     }
-    for &id in live.keys() {
-        engine.abort(id);
-    }
+    abort_abandoned(engine, live);
     for _ in 0..ABANDONED_STEPS {
         if !engine.has_unfinished() {
             break;
@@ -276,9 +269,18 @@ fn end_abandoned(
     }
     if !engine.has_unfinished() {
         live.clear();
-        release_pages(engine);
     }
     Ok(())
+}
+
+/// A client that went away (closed its stream) aborts its request, as vLLM does; its output
+/// comes out of the next step.
+fn abort_abandoned(engine: &mut (dyn System + Send), live: &BTreeMap<u64, Live>) {
+    for (&id, l) in live {
+        if l.events.is_closed() {
+            engine.abort(id);
+        }
+    }
 }
 
 /// Sends a sequence's tokens past those already sent. A full or closed channel drops them: the
