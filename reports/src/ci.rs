@@ -218,6 +218,7 @@ mod tests {
             target_exit: None,
             settle_timeouts: 0,
             control: None,
+            evidence: None,
             metrics: vec![
                 metric("registry.requests", "per_request", Status::Fail, "20 entries left"),
                 metric("proc.rss", "gauge", Status::Inconclusive, "only 10 points"),

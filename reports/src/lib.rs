@@ -21,4 +21,4 @@ pub use samples::{
     CallTimes, ControlRecord, EndState, Header, Kind, MetricSpec, Row, RunEnd, SampleLine, Samples, SamplesError,
     ROLE_REQUESTS, SAMPLES_SCHEMA, UNITS,
 };
-pub use verdict::{MetricVerdict, Projection, Site, Status, Trend, Verdict, VERDICT_SCHEMA};
+pub use verdict::{Evidence, MetricVerdict, Projection, Site, Status, Trend, Verdict, VERDICT_SCHEMA};

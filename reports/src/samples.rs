@@ -329,6 +329,14 @@ impl Samples {
                                 format!("{v} is past what a level of bytes or a count can be (at most 2^53, where every integer is exact)"),
                             ));
                         }
+                        let unit = header.metrics.get(name).map(|m| m.unit.as_str());
+                        if *v < 0.0 && matches!(unit, Some("bytes" | "count")) {
+                            return Err(err(
+                                n,
+                                &format!("values.{name}"),
+                                format!("{v} is negative, and an amount of {} cannot be", unit.unwrap_or("")),
+                            ));
+                        }
                     }
                     let values = names.iter().map(|m| s.values.get(m).copied()).collect();
                     rows.push(Row { t: s.t, iter: s.iter, quiescent: s.quiescent, values, checks: s.checks });

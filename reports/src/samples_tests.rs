@@ -87,6 +87,10 @@ fn values_past_what_memory_can_be_are_refused_naming_line_and_field() {
         "{HEADER}\n{{\"t\":0.5,\"iter\":1,\"quiescent\":true,\"values\":{{\"a\":9007199254740992}}}}\n"
     ));
     assert!(ok.is_ok());
+    let e = parse(&format!("{HEADER}\n{{\"t\":0.5,\"iter\":1,\"quiescent\":true,\"values\":{{\"a\":-5}}}}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("x.jsonl:2: values.a: -5 is negative, and an amount of bytes cannot be"), "{e}");
 }
 
 #[test]

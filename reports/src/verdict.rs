@@ -11,9 +11,8 @@ pub const VERDICT_SCHEMA: &str = "plateau.verdict.v1";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
-    /// Judged and passed. Files written before statuses were three read their `warn` as this:
-    /// it exited 0 then too.
-    #[serde(alias = "warn")]
+    /// Judged and passed. There is no other passing status: a file that says `warn` (an older
+    /// plateau's) does not read, and its run is judged again from its samples.
     Pass,
     /// Too little evidence to judge (a run too short for its warm-up, no quiescent values, growth
     /// whose end this run cannot tell).
@@ -192,7 +191,35 @@ pub struct Verdict {
     /// as the run recorded them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control: Option<crate::ControlRecord>,
+    /// What this verdict judged and with what: a reader takes the verdict as the run's only
+    /// while these still hold (absent in files written before verdicts carried it: such a
+    /// verdict is judged again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<Evidence>,
     pub metrics: Vec<MetricVerdict>,
+}
+
+/// What a verdict is a function of: the bytes it read and every setting in force. Two verdicts
+/// with equal evidence are equal; a reader that finds a file's hash or the detector's version
+/// changed judges again rather than trust the old verdict.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// SHA-256 (hex) of the samples file as judged.
+    pub samples_sha256: String,
+    /// The other files of the run the judge read (growth.json, residues.json, mappings.json),
+    /// by name, each with its SHA-256; a file absent when judged is absent here.
+    #[serde(default)]
+    pub files: std::collections::BTreeMap<String, String>,
+    /// The detector that judged: its crate version and the SHA-256 of its source, so a verdict
+    /// from another build of the rules is known as such.
+    pub detector: String,
+    /// Every setting in force, defaults included, as text (`warmup_iterations`, `tolerance`,
+    /// `p_value`, ...), and where each came from (`tolerance_from`: header, override, default).
+    #[serde(default)]
+    pub settings: std::collections::BTreeMap<String, String>,
+    /// The detector's constants (thresholds with their reasons in its source), by name.
+    #[serde(default)]
+    pub constants: std::collections::BTreeMap<String, f64>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -276,8 +303,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_older_warn_reads_as_a_pass_and_an_unresolved_rate_reads_back() {
-        assert_eq!(serde_json::from_str::<Status>("\"warn\"").unwrap(), Status::Pass);
+    fn an_older_warn_does_not_read_and_an_unresolved_rate_reads_back() {
+        assert!(serde_json::from_str::<Status>("\"warn\"").is_err());
+        assert_eq!(serde_json::from_str::<Status>("\"pass\"").unwrap(), Status::Pass);
         let t: Trend = serde_json::from_value(serde_json::json!({
             "slope_per_iter": 1.0, "slope_per_hour": 1.0, "growth_after_warmup": 1.0, "tail_slope_per_iter": 1.0,
             "test": "mann-kendall/hamed-rao", "z": 1.0, "p_value": 0.5, "tail_p_value": 0.5, "points": 20,

@@ -23,9 +23,39 @@ pub fn judge_run(samples: &Path, overrides: &Overrides) -> Result<(Samples, Verd
     Ok((s, v))
 }
 
-/// [`judge_run`] of samples already read from `samples`.
+/// The files beside a run's samples that its verdict may use: each is hashed in the verdict's
+/// evidence when it was there.
+pub const EVIDENCE_FILES: [&str; 3] = ["growth.json", "residues.json", "mappings.json"];
+
+/// A file beside the samples, read once: its SHA-256 goes into `files` (by name) and its JSON is
+/// returned, when it is there and reads.
+fn read_evidence<T: serde::de::DeserializeOwned>(
+    samples: &Path,
+    name: &str,
+    files: &mut std::collections::BTreeMap<String, String>,
+) -> Option<T> {
+    let bytes = crate::fsutil::read_input(&samples.with_file_name(name), crate::fsutil::RUN_FILE_BYTES).ok()?;
+    files.insert(name.to_string(), sha256_hex(&bytes));
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// SHA-256 of `bytes`, in hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+/// [`judge_run`] of samples already read from `samples`. The verdict's evidence records the
+/// SHA-256 of the samples file and of every file beside it that was read.
 pub fn judge_read(s: &Samples, samples: &Path, overrides: &Overrides) -> Result<Verdict, String> {
-    let growth = read_run_json::<crate::heapprof::GrowthRecord>(&samples.with_file_name("growth.json"));
+    let samples_bytes = crate::fsutil::read_input(samples, plateau_reports::samples::MAX_FILE_BYTES)?;
+    judge_bytes(s, &samples_bytes, samples, overrides)
+}
+
+/// [`judge_read`] with the bytes `s` was parsed from.
+fn judge_bytes(s: &Samples, samples_bytes: &[u8], samples: &Path, overrides: &Overrides) -> Result<Verdict, String> {
+    let mut files = std::collections::BTreeMap::new();
+    let growth = read_evidence::<crate::heapprof::GrowthRecord>(samples, "growth.json", &mut files);
     // What a replay of a server showed of its live heap, weighed against its process memory.
     let live_heap: Vec<crate::detector::LiveHeap> = growth
         .iter()
@@ -42,17 +72,97 @@ pub fn judge_read(s: &Samples, samples: &Path, overrides: &Overrides) -> Result<
         .collect();
     let mut v = crate::detector::judge_with_evidence(s, overrides, &live_heap)
         .map_err(|e| format!("{}: {e}", samples.display()))?;
-    if let Some(residues) = read_run_json::<Vec<Residue>>(&samples.with_file_name("residues.json")) {
+    if let Some(residues) = read_evidence::<Vec<Residue>>(samples, "residues.json", &mut files) {
         name_insertion_sites(&residues, &mut v);
     }
     if let Some(g) = &growth {
         name_growth_sites(g, &mut v);
     }
     note_node_heaps(&mut v);
-    if let Some(snap) = read_run_json::<crate::mappings::Snapshots>(&samples.with_file_name("mappings.json")) {
+    if let Some(snap) = read_evidence::<crate::mappings::Snapshots>(samples, "mappings.json", &mut files) {
         crate::mappings::name_grown(&snap, &mut v);
     }
+    let evidence = v.evidence.get_or_insert_with(Default::default);
+    evidence.samples_sha256 = sha256_hex(samples_bytes);
+    evidence.files = files;
     Ok(v)
+}
+
+/// A run directory as every command that reads one takes it: its samples, and the verdict that
+/// judged exactly them. The recorded verdict.json is taken only while its evidence holds: the
+/// samples' and every evidence file's SHA-256 as recorded, and the same detector; otherwise the
+/// samples are judged again and [`LoadedRun::judged_again`] says why.
+pub struct LoadedRun {
+    pub samples: Samples,
+    pub samples_sha256: String,
+    pub verdict: Verdict,
+    /// Why the verdict is judged now and not the one recorded (None: verdict.json is it).
+    pub judged_again: Option<String>,
+    /// Whether the run directory had a verdict.json at all.
+    pub had_verdict: bool,
+}
+
+/// Loads the run in `dir` (see [`LoadedRun`]). Errors are input errors naming the file.
+pub fn load_run(dir: &Path) -> Result<LoadedRun, String> {
+    let samples_path = dir.join("samples.jsonl");
+    if !samples_path.is_file() {
+        return Err(format!("{}: no samples.jsonl: not a run directory of plateau", dir.display()));
+    }
+    let bytes = crate::fsutil::read_input(&samples_path, plateau_reports::samples::MAX_FILE_BYTES)?;
+    let samples = Samples::parse(&bytes[..], &samples_path).map_err(|e| e.to_string())?;
+    let samples_sha256 = sha256_hex(&bytes);
+    let verdict_path = dir.join("verdict.json");
+    let had_verdict = verdict_path.exists();
+    let why = match had_verdict {
+        false => Some("the run wrote no verdict.json".to_string()),
+        true => match crate::fsutil::read_input(&verdict_path, crate::fsutil::RUN_FILE_BYTES)
+            .and_then(|b| serde_json::from_slice::<Verdict>(&b).map_err(|e| format!("line {}: {e}", e.line())))
+        {
+            Err(e) => Some(format!("{} does not read ({e})", verdict_path.display())),
+            Ok(v) => match stale(&v, dir, &samples_sha256) {
+                Some(why) => Some(format!("{}: {why}", verdict_path.display())),
+                None => return Ok(LoadedRun { samples, samples_sha256, verdict: v, judged_again: None, had_verdict }),
+            },
+        },
+    };
+    let verdict = judge_bytes(&samples, &bytes, &samples_path, &Overrides::default())?;
+    Ok(LoadedRun { samples, samples_sha256, verdict, judged_again: why, had_verdict })
+}
+
+/// Why a recorded verdict is not the verdict of the run directory as it is now, if it is not.
+fn stale(v: &Verdict, dir: &Path, samples_sha256: &str) -> Option<String> {
+    let Some(e) = &v.evidence else {
+        return Some("it records no evidence (no hash of the samples it judged: an older plateau wrote it)".into());
+    };
+    if e.samples_sha256 != samples_sha256 {
+        return Some(format!(
+            "it judged samples with SHA-256 {}, but samples.jsonl is now {}: the samples changed since",
+            short_hash(&e.samples_sha256),
+            short_hash(samples_sha256)
+        ));
+    }
+    if !v.overrides.is_empty() {
+        return Some(format!("it was judged with {} (not the run's own settings)", v.overrides.join(" ")));
+    }
+    for name in EVIDENCE_FILES {
+        let now =
+            crate::fsutil::read_input(&dir.join(name), crate::fsutil::RUN_FILE_BYTES).ok().map(|b| sha256_hex(&b));
+        if now.as_ref() != e.files.get(name) {
+            let was = e.files.get(name).map_or("absent".to_string(), |h| short_hash(h));
+            let is = now.as_deref().map_or("absent".to_string(), short_hash);
+            return Some(format!("{name} was {was} when it was judged and is {is} now"));
+        }
+    }
+    let ours = crate::detector::evidence::version();
+    if e.detector != ours {
+        return Some(format!("it was judged by {}, and this plateau's detector is {ours}", e.detector));
+    }
+    None
+}
+
+/// A hash as people compare it: its first 12 hex digits.
+fn short_hash(h: &str) -> String {
+    h.chars().take(12).collect()
 }
 
 /// The settings of `asked` that differ from what `s` recorded (the same value is no override).
@@ -66,11 +176,6 @@ pub fn differing(s: &Samples, asked: &Overrides) -> Result<Overrides, String> {
         warmup: asked.warmup.filter(|w| *w != recorded_warmup),
         tolerance: asked.tolerance.filter(|t| *t != recorded_tolerance),
     })
-}
-
-/// The verdict a run wrote (its verdict.json), if there is one that reads.
-pub fn recorded_verdict(dir: &Path) -> Option<Verdict> {
-    read_run_json(&dir.join("verdict.json"))
 }
 
 /// Names, for the heap metric a profiled replay explained, the allocation sites of its growth; or

@@ -5,25 +5,21 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use plateau_reports::{Samples, Status, Verdict};
+use plateau_reports::{Status, Verdict};
 
 use crate::detector::gauge::fmt_value;
 use crate::heapprof::GrowthRecord;
 
 /// The story of the run in `dir` and the verdict it tells, or what is missing to tell it.
 pub fn explain(dir: &Path) -> Result<(String, Verdict), String> {
-    let samples = dir.join("samples.jsonl");
-    if !samples.exists() {
-        return Err(format!("{}: no samples.jsonl: not a run directory of plateau", dir.display()));
-    }
-    let path = dir.join("verdict.json");
-    let v: Verdict = crate::fsutil::read_input(&path, crate::fsutil::RUN_FILE_BYTES)
-        .map_err(|e| format!("{e} (run `plateau report {}` to judge the samples)", dir.display()))
-        .and_then(|b| serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", path.display())))?;
-    let samples = Samples::read(&samples).map_err(|e| e.to_string())?;
+    let run = crate::analysis::load_run(dir)?;
+    let (samples, v) = (run.samples, run.verdict);
     let growth: Option<GrowthRecord> = crate::fsutil::read_run_json(&dir.join("growth.json"));
     let environment: Option<plateau_reports::Environment> = crate::fsutil::read_run_json(&dir.join("environment.json"));
     let mut out = String::new();
+    if let Some(why) = &run.judged_again {
+        let _ = writeln!(out, "note: {why}: judged again from samples.jsonl\n");
+    }
     let _ = writeln!(
         out,
         "{} (seed {}, {} backend{}), {} iterations, warm-up {}: {}",

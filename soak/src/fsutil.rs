@@ -16,6 +16,34 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     })
 }
 
+/// The file that marks a directory as a plateau run's: a run writes (and clears what an earlier
+/// run left) only in a directory that has it, or an empty one.
+pub const RUN_MARKER: &str = ".plateau-run";
+
+/// Makes `dir` a run directory, or refuses: a directory that does not exist is created, an empty
+/// one or one with [`RUN_MARKER`] is taken; one holding anything else is the user's, and a run
+/// would delete and overwrite files there (its report, its replay/), so it is refused, nothing
+/// touched. The marker is written in every directory taken.
+pub fn claim_run_dir(dir: &Path) -> Result<(), String> {
+    let marker = dir.join(RUN_MARKER);
+    if dir.exists() && !marker.exists() {
+        let mut entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if entries.next().is_some() {
+            return Err(format!(
+                "{}: a directory plateau did not make (it holds files and no {RUN_MARKER}): a run writes only into a new or empty directory or one of its own run directories, where it replaces an earlier run's report and replay/; give another --out (a directory an older plateau wrote: `touch {}` makes it a run directory)",
+                dir.display(),
+                marker.display()
+            ));
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !marker.exists() {
+        std::fs::write(&marker, b"a plateau run directory: `plateau run --out` writes here\n")
+            .map_err(|e| format!("{}: {e}", marker.display()))?;
+    }
+    Ok(())
+}
+
 /// The bytes of a file the user or a run named as input, at most `max_bytes`: a FIFO would block
 /// and a device such as /dev/zero never ends, so anything but a regular file is refused before
 /// it is opened, and so is one past the limit. The error names the path.

@@ -130,7 +130,11 @@ fn a_failing_external_run_shrinks_with_a_fresh_server_per_candidate() {
     let url = format!("http://127.0.0.1:{port}");
     let serve = format!("{} serve --port {port} --inject n-abort-orphans", env!("CARGO_BIN_EXE_plateau"));
     run_failing(&d, &[scenario.to_str().unwrap(), "--target", &url, "--spawn", &serve, "--concurrency", "4"]);
+    // The recorded --spawn is a command from a run directory: never run unasked.
     let o = plateau(&["shrink", d.join("run").to_str().unwrap(), "--quiet"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--trust-run-dir") && !d.join("run/shrink/shrink.json").exists(), "{}", stderr(&o));
+    let o = plateau(&["shrink", d.join("run").to_str().unwrap(), "--quiet", "--trust-run-dir"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let s = json(&d.join("run/shrink/shrink.json"));
     let features = strings(&s["features"]);

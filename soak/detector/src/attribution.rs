@@ -52,7 +52,7 @@ fn python_location(name: &str, failing: &dyn Fn(&str) -> bool) -> String {
 
 /// A heap growing at less than this fraction of a process's growth outside it is a side effect
 /// (the bookkeeping of the mappings that leak), not where the memory goes.
-const HEAP_SHARE: f64 = 0.1;
+pub(crate) const HEAP_SHARE: f64 = 0.1;
 
 fn slope_of(ms: &[MetricVerdict], name: &str) -> f64 {
     ms.iter().find(|m| m.name == name).and_then(|m| m.trend.as_ref()).map_or(0.0, |t| t.slope_per_iter)

@@ -58,7 +58,7 @@ use super::steps::STEP_NOISE_SCALES;
 /// the last half of a run at least eight times its time constant, while a leak that slowed to a
 /// persistent rate, or one that grows as the square root of the work, keeps most of its rate from
 /// one quarter to the next (the square root keeps 86% at iterations 110-200).
-const DECAY_FRACTION: f64 = 0.25;
+pub(crate) const DECAY_FRACTION: f64 = 0.25;
 
 /// What one gauge's series looks like to the detector.
 #[derive(Debug, Clone, PartialEq)]
@@ -356,7 +356,7 @@ fn dying_away(x: &[f64], y: &[f64]) -> Option<(f64, f64)> {
 /// a quarter. A Python server's objects in its first 60 iterations (interpreter caches filling:
 /// 430, 180, then 83 B an iteration in the last three quarters) fall by less than
 /// [`DECAY_FRACTION`] within the last half and fell as surely.
-const HALVING_RATIO: f64 = 0.5;
+pub(crate) const HALVING_RATIO: f64 = 0.5;
 
 /// The third and fourth quarters' rates of a series whose rate, rising in its second quarter,
 /// fell by [`HALVING_RATIO`] or more into its third and again into its fourth; else None.
@@ -403,8 +403,8 @@ impl Step {
 }
 
 /// Points on each side of a step that it takes to call the side level.
-const MIN_SIDE: usize = 3;
-const MIN_SIDE_AFTER_STEP: usize = 6;
+pub(crate) const MIN_SIDE: usize = 3;
+pub(crate) const MIN_SIDE_AFTER_STEP: usize = 6;
 
 fn one_step(x: &[f64], y: &[f64], tail_slope: f64, q: f64, cfg: &DetectorConfig) -> Option<Step> {
     let k = best_split(y, MIN_SIDE)?;
@@ -440,7 +440,7 @@ fn one_step(x: &[f64], y: &[f64], tail_slope: f64, q: f64, cfg: &DetectorConfig)
 }
 
 /// Within-side slopes under this fraction of the slope across a step call both sides level.
-const LEVEL_FRACTION: f64 = 0.5;
+pub(crate) const LEVEL_FRACTION: f64 = 0.5;
 
 /// The Theil–Sen slope over the pairs of points on the same side of split `k`.
 fn within_sides_slope(x: &[f64], y: &[f64], k: usize) -> f64 {

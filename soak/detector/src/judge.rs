@@ -5,7 +5,7 @@
 
 use plateau_reports::{EndState, RunEnd, Samples, Status, Verdict};
 
-use super::{analyze, warmup_rule, DetectorConfig, LiveHeap, Per, Tolerance};
+use super::{analyze, evidence, warmup_rule, DetectorConfig, LiveHeap, Per, Tolerance};
 
 /// How a verdict's warning marks a run that `--stop-on-exact-failure` ended before its planned
 /// length (a shrink replays such a run at the length it planned).
@@ -56,8 +56,10 @@ pub fn judge_with_evidence(s: &Samples, o: &Overrides, live_heap: &[LiveHeap]) -
         .map(|t| t.parse::<Tolerance>().map_err(|e| format!("header: tolerance: {e}")))
         .transpose()?;
     let tolerance = o.tolerance.or(recorded).unwrap_or_default();
+    let tolerance_from = source_of(o.tolerance.is_some(), recorded.is_some());
     let last = s.last_iter();
     let warmup_iterations = warmup_rule(o.warmup, s.header.warmup_iterations, Some(last))?;
+    let warmup_from = source_of(o.warmup.is_some(), s.header.warmup_iterations.is_some());
     let cfg =
         DetectorConfig { warmup_iterations, tolerance, live_heap: live_heap.to_vec(), ..DetectorConfig::default() };
     let unfinished = unfinished(s);
@@ -69,10 +71,20 @@ pub fn judge_with_evidence(s: &Samples, o: &Overrides, live_heap: &[LiveHeap]) -
     }
     v.planned_iterations = s.header.planned_iterations;
     v.overrides = o.flags();
+    v.evidence = Some(evidence::of_judge(&cfg, warmup_from, tolerance_from, s.header.planned_iterations));
     if let Some(e) = &s.end {
         note_end(&mut v, e, s.header.planned_iterations);
     }
     Ok(v)
+}
+
+/// Where a setting came from: an override over what the header recorded over the default.
+fn source_of(overridden: bool, recorded: bool) -> evidence::From {
+    match (overridden, recorded) {
+        (true, _) => evidence::From::Override,
+        (false, true) => evidence::From::Header,
+        (false, false) => evidence::From::Default,
+    }
 }
 
 /// Why the samples are not those of a finished run, if they are not: cut short mid-line, an end

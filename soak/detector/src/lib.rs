@@ -24,6 +24,7 @@
 pub mod attribution;
 mod bounds;
 pub mod corpus;
+pub mod evidence;
 mod exact;
 pub mod gauge;
 mod judge;
@@ -398,6 +399,7 @@ pub fn analyze(s: &Samples, cfg: &DetectorConfig, unfinished: Option<&str>) -> V
         target_exit: None,
         settle_timeouts: 0,
         control: None,
+        evidence: None,
         metrics,
     }
 }

@@ -66,7 +66,7 @@ pub const SLOWING_RATIO: f64 = 0.9;
 
 /// Fewer points than this on either side of the split after the heap settled: too little to see
 /// a rate fall, so the trend layer's verdict stands.
-const MIN_HALF_POINTS: usize = 10;
+pub(crate) const MIN_HALF_POINTS: usize = 10;
 
 /// A rise since the heap settled of fewer quanta than this is too coarse for a ratio of halves:
 /// page tables grow a page (4 KiB) at a time, and the page-table growth of a churning cache at
@@ -74,7 +74,7 @@ const MIN_HALF_POINTS: usize = 10;
 /// evidence scenario), which made halves of 1 and 2 pages read as "not slowing" in 6 of 16 runs.
 /// A steady rate of a page every ten iterations rises by ten pages in a default run and is
 /// judged by its ratio (and by the budget).
-const MIN_RATIO_QUANTA: f64 = 8.0;
+pub(crate) const MIN_RATIO_QUANTA: f64 = 8.0;
 
 /// The overhead may add at most this fraction of the live heap over the horizon. Page tables cost
 /// 1/512 of the memory they map and jemalloc's bookkeeping about 1-2% of what it manages at steady
@@ -92,10 +92,10 @@ pub const HEAP_BUDGET: f64 = 0.02;
 /// of its heap over 1,000 iterations in all. Such a rise is undecided, never passed or failed,
 /// until the run is long enough to see it slow (a pass by rule 3) or to outgrow this share (a
 /// failure). The corpus's bookkeeping leak, 256 B an iteration on 80 MiB, is three times the rate.
-const FILL_SHARE: f64 = 0.001;
+pub(crate) const FILL_SHARE: f64 = 0.001;
 
 /// The iterations over which [`FILL_SHARE`] of the live heap is the most a fill adds.
-const FILL_ITERATIONS: f64 = 1000.0;
+pub(crate) const FILL_ITERATIONS: f64 = 1000.0;
 
 /// Whether a steady rise (`rate` per iteration, `rise` since the heap levelled) on a live heap of
 /// `live` is as small as a fill of the allocator's bookkeeping (see [`FILL_SHARE`]).

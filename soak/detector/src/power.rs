@@ -10,12 +10,12 @@ use super::DetectorConfig;
 
 /// Steps tried when searching for the resolution: doubling from the first guess, then halving
 /// the bracket. Bounds the search's cost to this many judgements per metric.
-const RESOLUTION_DOUBLINGS: usize = 48;
-const RESOLUTION_BISECTIONS: usize = 5;
+pub(crate) const RESOLUTION_DOUBLINGS: usize = 48;
+pub(crate) const RESOLUTION_BISECTIONS: usize = 5;
 
 /// Margin on the resolution: the rate where detection starts is found on this run's own noise; a
 /// leak's own noise differs a little, and 25% more keeps a leak at the stated resolution caught.
-const RESOLUTION_MARGIN: f64 = 1.25;
+pub(crate) const RESOLUTION_MARGIN: f64 = 1.25;
 
 /// The run's power for this gauge: the smallest steady rate that fails this series when added to
 /// it (per iteration), found by doubling from a first guess and then bisecting, with

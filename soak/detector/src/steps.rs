@@ -29,21 +29,21 @@ pub const STEP_NOISE_SCALES: f64 = 4.0;
 
 /// Points on each side of a cut: fewer cannot show level ground, and a level of five points keeps
 /// its median through a blip two samples long. Steps closer than this are a ramp.
-const MIN_SIDE: usize = 5;
+pub(crate) const MIN_SIDE: usize = 5;
 
 /// At most this many cuts per series: bounds the segmentation's cost (each cut is one linear scan
 /// of its segment) and is far more steps than any run shows of a real staircase.
-const MAX_CUTS: usize = 128;
+pub(crate) const MAX_CUTS: usize = 128;
 
 /// Half-width of the running median the cuts are searched on: a blip of up to two samples (a
 /// transient object alive at the moment of a sample) cannot pull a cut towards it.
-const SMOOTH_HALF_WIDTH: usize = 2;
+pub(crate) const SMOOTH_HALF_WIDTH: usize = 2;
 
 /// Within each of its levels a staircase rises by under this fraction of its smallest step: a
 /// ramp or a fill cut into pieces rises inside every piece by about as much as between pieces,
 /// while the noise of a level (its Theil–Sen rise over five points or more) stays near one noise
 /// scale, a quarter of the smallest step a cut accepts.
-const LEVEL_FRACTION: f64 = 0.5;
+pub(crate) const LEVEL_FRACTION: f64 = 0.5;
 
 /// The next step is overdue, and the series levelled, once the ground after the last step is this
 /// many times the gap at which it was due. A container that doubles, or an arena that takes a
@@ -61,7 +61,7 @@ pub const TWO_STEP_RATIO: f64 = 2.0;
 
 /// Spacing ratios are clamped to this: a staircase whose spacing more than quadruples is already
 /// slowing faster than any doubling container, and a wider guess would ask for endless runs.
-const MAX_RATIO: f64 = 4.0;
+pub(crate) const MAX_RATIO: f64 = 4.0;
 
 /// A step that comes within this fraction of the gap before it (from the event before to the one
 /// it follows) joins that event. One container's spacing holds or widens (a table doubles, an
@@ -80,7 +80,7 @@ pub const CLUSTER_FRACTION: f64 = 1.0 / 3.0;
 /// samples, so its releases and its rises are alike in size; a staircase's steps only rise, and
 /// each doubling step is twice the last. Twice the median release also covers the jump from an
 /// excursion below straight to one above.
-const WOBBLE_FACTOR: f64 = 2.0;
+pub(crate) const WOBBLE_FACTOR: f64 = 2.0;
 
 /// A cut whose jump is at most this many times the level spread (the upper quartile of the
 /// points' distances from their own segment's level) is the level's back and forth. Successive
@@ -90,13 +90,13 @@ const WOBBLE_FACTOR: f64 = 2.0;
 /// samples), so the upper quartile is the wander's size, and a one-sample blip (under a tenth of
 /// the samples) does not move it. For Gaussian noise the upper quartile is 0.67 standard
 /// deviations: the band (1.7) is far under the [`STEP_NOISE_SCALES`] threshold.
-const LEVEL_SPREAD_FACTOR: f64 = 2.5;
+pub(crate) const LEVEL_SPREAD_FACTOR: f64 = 2.5;
 
 /// A cut under this fraction of the series' largest jump is no step and no release. A doubling
 /// table's steps within one run span at most 1:16 (steps at 28, 55, 109, 218 and 436 iterations
 /// of a 450-iteration run); the heap's wobble in `mixed` beside a doubling id set's third step
 /// is a fortieth of it (1.8 KiB beside 71 KiB), and read as a release it vetoed the staircase.
-const SMALL_STEP_FRACTION: f64 = 1.0 / 20.0;
+pub(crate) const SMALL_STEP_FRACTION: f64 = 1.0 / 20.0;
 
 /// The band of the level's own back and forth among `jumps` (between levels): [`WOBBLE_FACTOR`]
 /// times the median release where there are two or more (one release is an event, not a

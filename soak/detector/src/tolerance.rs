@@ -79,6 +79,9 @@ impl FromStr for Tolerance {
             other => return Err(format!("`{s}`: `{other}` is not `request` or `iteration`")),
         };
         let amount = amount.trim();
+        if amount.starts_with('-') || amount.starts_with('+') {
+            return Err(format!("`{s}`: a tolerance is an amount of bytes, zero or more, written without a sign"));
+        }
         let split = amount.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(amount.len());
         let (num, unit) = amount.split_at(split);
         let num: f64 = num.parse().map_err(|_| format!("`{s}`: `{num}` is not a number"))?;
@@ -106,6 +109,8 @@ mod tests {
         assert_eq!("64B/request".parse(), Ok(Tolerance { bytes: 64.0, per: Per::Request }));
         assert_eq!("1KiB/iteration".parse(), Ok(Tolerance { bytes: 1024.0, per: Per::Iteration }));
         assert_eq!("0".parse(), Ok(Tolerance { bytes: 0.0, per: Per::Iteration }));
+        let e = "-1B/request".parse::<Tolerance>().unwrap_err();
+        assert!(e.contains("zero or more, written without a sign"), "{e}");
         assert_eq!(Tolerance::default().to_string(), "1B/request");
         assert_eq!("1KiB/iteration".parse::<Tolerance>().unwrap().to_string(), "1KiB/iteration");
     }

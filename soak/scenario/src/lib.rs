@@ -24,7 +24,10 @@ use diagnostics::{explain, line_col, phase_error};
 pub use metric_spec::spec_of;
 pub use phases::{Abort, Batch, ImageFormatSpec, ImageSpec, Phase, Pressure, Sleep, Stage};
 pub use sections::{EngineSection, PdMode, PdSection, SoakSection};
-pub use validate::{MAX_REQUESTS_PER_PHASE, MAX_SEQUENCE_TOKENS, MAX_TEMPLATE_WIDTH};
+pub use validate::{
+    MAX_ITERATIONS, MAX_NUM_SEQS, MAX_REQUESTS_PER_PHASE, MAX_SEQUENCES_PER_PHASE, MAX_SEQUENCE_TOKENS,
+    MAX_TEMPLATE_WIDTH,
+};
 /// The scenarios shipped with plateau, embedded so that `plateau run NAME` and `plateau selftest`
 /// work from any directory.
 pub const SHIPPED: [(&str, &str); 7] = [

@@ -58,6 +58,9 @@ impl Scenario {
                 return fail(eng("preset"), err.to_string());
             }
         }
+        if e.max_num_seqs > MAX_NUM_SEQS {
+            return fail(eng("max_num_seqs"), format!("{} is above the cap of {MAX_NUM_SEQS}", e.max_num_seqs));
+        }
         for (key, v) in [
             ("block_size", e.block_size),
             ("num_kv_blocks", e.num_kv_blocks),
@@ -108,6 +111,15 @@ impl Scenario {
             }
             if self.phases.iter().any(not_pd) {
                 return fail(at("mode"), "disaggregated scenarios take n = 1 and no images in every batch".into());
+            }
+        }
+        for (key, n) in [
+            ("iterations", Some(self.soak.iterations)),
+            ("target_iterations", self.soak.target_iterations),
+            ("max_iterations", self.soak.max_iterations),
+        ] {
+            if n.is_some_and(|n| n > MAX_ITERATIONS) {
+                return fail(soak(key), format!("{} is above the cap of {MAX_ITERATIONS} iterations", n.unwrap_or(0)));
             }
         }
         if self.soak.iterations == 0 {
@@ -210,6 +222,16 @@ impl Scenario {
                     if !(1..=MAX_REQUESTS_PER_PHASE).contains(&b.requests) {
                         return fail(at("requests"), format!("{} is outside 1..={MAX_REQUESTS_PER_PHASE}", b.requests));
                     }
+                    let sequences = u64::from(b.requests) * u64::from(b.n);
+                    if sequences > MAX_SEQUENCES_PER_PHASE {
+                        return fail(
+                            at("requests"),
+                            format!(
+                                "{} requests of n = {} are {sequences} sequences in one phase, above the cap of {MAX_SEQUENCES_PER_PHASE}",
+                                b.requests, b.n
+                            ),
+                        );
+                    }
                     if b.invalid > MAX_REQUESTS_PER_PHASE {
                         return fail(at("invalid"), format!("{} is above {MAX_REQUESTS_PER_PHASE}", b.invalid));
                     }
@@ -307,6 +329,19 @@ impl Scenario {
 /// Requests (valid or invalid) one phase adds per iteration at most: an iteration's requests are
 /// all in memory at once.
 pub const MAX_REQUESTS_PER_PHASE: u32 = 10_000;
+/// Sequences (requests x n) one phase may start: all of them are held until the phase's
+/// quiescent point, each with its sampler and output, and the shipped scenarios start at most a
+/// few hundred; 100,000 is 10,000 requests of n = 10, past what any soak of ours needs, and
+/// still a phase the tiny preset finishes in minutes rather than never.
+pub const MAX_SEQUENCES_PER_PHASE: u64 = 100_000;
+/// The engine's sequences at once: vLLM's own default is 256 (1,024 with chunked prefill on
+/// large GPUs); 4,096 leaves room above that while every per-sequence table stays small.
+pub const MAX_NUM_SEQS: usize = 4096;
+/// Iterations a run may take at most, by count or by duration: at the fastest shipped
+/// scenario's pace (about 50 ms an iteration, prefill-only on the tiny preset) ten million is
+/// nearly six days, and its samples (about 2 KiB a line) stay well under the 64 GiB a samples
+/// reader takes. A larger count is a typo or an overflow, refused before anything runs.
+pub const MAX_ITERATIONS: u64 = 10_000_000;
 
 /// Width of a zero-padded request counter (`{i:08}`) at most: a u64 has 20 digits.
 pub const MAX_TEMPLATE_WIDTH: usize = 20;

@@ -1,6 +1,7 @@
 //! `plateau analyze`: the detector alone on a samples file, from plateau or anything writing v1.
 //! It judges with what the samples recorded (the one judge); `--warmup` and `--tolerance` judge
-//! with other settings, and that verdict goes beside the run's own, never over it.
+//! with other settings. Beside a run's own verdict.json its verdict goes into analyze/, never over
+//! the run's: a run's verdict is what the run wrote.
 
 use std::path::{Path, PathBuf};
 
@@ -10,14 +11,15 @@ use plateau_soak::detector::{Overrides, Tolerance};
 
 use super::{verdict_code, CiArgs, USAGE};
 
-/// Where a verdict judged with other settings goes when no --out is given: beside the run's own.
+/// Where analyze's verdict goes when no --out is given and the samples' directory holds a run's
+/// own verdict: beside it.
 const OVERRIDDEN_DIR: &str = "analyze";
 
 #[derive(clap::Args)]
 pub struct Args {
     samples: PathBuf,
-    /// Where to write verdict.json and plots (default: next to the samples; with --warmup or
-    /// --tolerance other than the samples recorded, into analyze/ beside a run's own verdict).
+    /// Where to write verdict.json and plots (default: next to the samples, or into analyze/
+    /// beside them where a run's own verdict.json is: analyze never writes over a run's verdict).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Quiescent iterations to skip before trend tests (default: the header's, else 20).
@@ -59,14 +61,13 @@ pub fn main(a: Args) -> u8 {
     let overridden = overrides != Overrides::default();
     let dir = match out {
         Some(d) => d,
-        None if overridden && run_has_verdict => run_dir.join(OVERRIDDEN_DIR),
+        None if run_has_verdict => run_dir.join(OVERRIDDEN_DIR),
         None => run_dir.to_path_buf(),
     };
-    if overridden && run_has_verdict && same_dir(&dir, run_dir) {
+    if run_has_verdict && same_dir(&dir, run_dir) {
         eprintln!(
-            "plateau: --out {}: it holds the run's own verdict, judged with what its samples recorded; a verdict judged with {} goes beside it, never over it: give another --out (by default {})",
+            "plateau: --out {}: it holds the run's own verdict.json; analyze's verdict goes beside it, never over it: give another --out (by default {})",
             dir.display(),
-            overrides.flags().join(" "),
             run_dir.join(OVERRIDDEN_DIR).display()
         );
         return USAGE;
@@ -79,6 +80,8 @@ pub fn main(a: Args) -> u8 {
     eprint!("{}", describe(&v));
     if overridden {
         eprintln!("plateau: judged with {}: written to {}", overrides.flags().join(" "), dir.display());
+    } else {
+        eprintln!("plateau: written to {}", dir.display());
     }
     let run = plateau_reports::ci::RunRef { verdict: &v, dir: dir.display().to_string(), replay: None };
     if let Err(code) = ci.write(&[run]) {

@@ -39,6 +39,14 @@ pub struct Args {
     /// No line per candidate.
     #[arg(long)]
     quiet: bool,
+    /// With a run directory against a server: the command that starts it, replacing the one the
+    /// directory's command.json records (never run unasked). {port} and {worktree} apply.
+    #[arg(long, value_name = "CMD")]
+    spawn: Option<String>,
+    /// Run the `--spawn` command or `--topology` that the run directory records (only for a run
+    /// directory you made or trust: what it records runs as you).
+    #[arg(long)]
+    trust_run_dir: bool,
     /// The soak: `-- run SCENARIO ARGS...`, where {worktree} is the candidate's checkout and
     /// {port} a free port of its own (for --target and --spawn).
     #[arg(last = true, value_name = "RUN")]
@@ -46,7 +54,13 @@ pub struct Args {
 }
 
 pub fn main(a: Args) -> u8 {
-    let Args { run_dir, repo, good, bad, build, out, jobs, quiet, command } = a;
+    let Args { run_dir, repo, good, bad, build, out, jobs, quiet, spawn, trust_run_dir, command } = a;
+    if run_dir.is_none() && (spawn.is_some() || trust_run_dir) {
+        eprintln!(
+            "plateau: --spawn and --trust-run-dir apply to a run directory's soak; after --, give the soak whole"
+        );
+        return USAGE;
+    }
     let command = match (run_dir, command.is_empty()) {
         (Some(_), false) => {
             eprintln!("plateau: bisect takes a run directory or a soak after --, not both");
@@ -57,7 +71,7 @@ pub fn main(a: Args) -> u8 {
             return USAGE;
         }
         (None, false) => command,
-        (Some(dir), true) => match command_of(&dir, &repo) {
+        (Some(dir), true) => match command_of(&dir, &repo, spawn, trust_run_dir) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!("plateau: {e}");
@@ -107,23 +121,23 @@ pub fn main(a: Args) -> u8 {
 
 /// The soak of a failing run, for each candidate: its scenario (or the shrunk minimal.toml), seed,
 /// length and flags, the repository's path made {worktree} and the target's port {port}.
-fn command_of(run_dir: &Path, repo: &Path) -> Result<Vec<String>, String> {
-    let origin = super::shrink::origin(run_dir)?;
-    let verdict: serde_json::Value = std::fs::read_to_string(run_dir.join("verdict.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .ok_or_else(|| format!("{}: no verdict.json (is it a run directory?)", run_dir.display()))?;
+fn command_of(run_dir: &Path, repo: &Path, spawn: Option<String>, trust: bool) -> Result<Vec<String>, String> {
+    let mut origin = super::shrink::origin(run_dir)?;
+    origin.trusted(spawn, trust, run_dir)?;
+    let run = plateau_soak::analysis::load_run(run_dir)?;
+    if let Some(why) = &run.judged_again {
+        eprintln!("plateau: {why}: judged again from samples.jsonl");
+    }
+    let verdict = run.verdict;
     let top = bisect::git::toplevel(repo)?;
     let top = top.display().to_string();
     let in_worktree = |s: &str| s.replace(&top, "{worktree}");
     let minimal = run_dir.join("shrink").join("minimal.toml");
     let scenario = if minimal.is_file() { minimal.display().to_string() } else { in_worktree(&origin.scenario) };
     let mut c = vec!["run".to_string(), scenario];
-    if let Some(seed) = verdict["seed"].as_u64() {
-        c.extend(["--seed".to_string(), seed.to_string()]);
-    }
-    if let Some(n) = verdict["iterations"].as_u64().filter(|_| !minimal.is_file()) {
-        c.extend(["--iterations".to_string(), n.to_string()]);
+    c.extend(["--seed".to_string(), verdict.seed.to_string()]);
+    if !minimal.is_file() {
+        c.extend(["--iterations".to_string(), verdict.iterations.to_string()]);
     }
     // The flags as the run was given them (injections, warm-up, tolerance, the target's settings).
     c.extend(origin.flags.iter().map(|f| in_worktree(f)));

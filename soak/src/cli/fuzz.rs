@@ -95,7 +95,31 @@ pub fn main(a: Args) -> u8 {
     let judged = found.judged;
     let asked = cases as usize;
     let fuzz_json = opts.out_dir.join("fuzz.json");
-    let code = outcome_code(found.failure.is_some(), judged, found.undecided, asked);
+    // Any case that failed is a finding, the injection's or the server's own: never a pass.
+    let failed = found.failure.is_some() || found.records.iter().any(|r| r.verdict == "fail");
+    let code = outcome_code(failed, judged, found.undecided, asked);
+    if let (None, Some(k)) = (&found.failure, found.own_failure) {
+        let r = &found.records[k];
+        eprintln!(
+            "plateau: fuzz: case {k} ({}) failed on {}, and its control run without the injections failed too, on {}: the server under test grows on its own (not the injection's leak; see {})",
+            r.change,
+            r.failing.join(", "),
+            r.control_failing.join(", "),
+            opts.out_dir.join("candidates").join(format!("{k:03}")).join("control").display()
+        );
+        return code;
+    }
+    if let (None, Some(r)) = (&found.failure, found.records.iter().find(|r| r.verdict == "fail")) {
+        eprintln!(
+            "plateau: fuzz: case {} ({}) failed on {}: {} ({})",
+            r.id,
+            r.change,
+            r.failing.join(", "),
+            if r.note.is_empty() { "not shrunk" } else { &r.note },
+            fuzz_json.display()
+        );
+        return code;
+    }
     match found.failure {
         None if code == HARNESS => {
             let why = if ran == 0 {

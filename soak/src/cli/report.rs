@@ -1,12 +1,12 @@
 //! `plateau report`: a run's plots and report.html drawn again from its samples and the verdict
 //! it recorded, optionally against a baseline run. Redrawing never judges: the verdict is the
-//! run's own verdict.json (a run without one is judged once, by the one judge, and it is written).
+//! run's own verdict.json while its evidence holds (a run without one is judged once, by the one
+//! judge, and it is written; one whose samples or detector changed is judged again, and said so).
 
 use std::path::{Path, PathBuf};
 
 use plateau_reports::{Samples, Verdict};
-use plateau_soak::analysis::{describe, judge_read, write_verdict};
-use plateau_soak::detector::Overrides;
+use plateau_soak::analysis::{describe, load_run, write_verdict};
 
 use super::{verdict_code, USAGE};
 
@@ -22,19 +22,20 @@ pub fn main(a: Args) -> u8 {
     report(&a.run_dir, a.baseline.as_deref())
 }
 
-/// A run's samples and its verdict: the one in verdict.json, else judged now (and then written).
+/// A run's samples and its verdict, through the one loader: the recorded verdict while it still
+/// judged exactly these samples, else judged now and said so (a run that wrote no verdict gets
+/// the one judged now written; a recorded one is never written over).
 fn load(dir: &Path) -> Result<(Samples, Verdict), String> {
-    let samples = dir.join("samples.jsonl");
-    let s = Samples::read(&samples).map_err(|e| e.to_string())?;
-    let path = dir.join("verdict.json");
-    if path.exists() {
-        let bytes = plateau_soak::fsutil::read_input(&path, plateau_soak::fsutil::RUN_FILE_BYTES)?;
-        let v = serde_json::from_slice(&bytes).map_err(|e| format!("{}: line {}: {e}", path.display(), e.line()))?;
-        return Ok((s, v));
+    let run = load_run(dir)?;
+    match (&run.judged_again, run.had_verdict) {
+        (Some(why), true) => eprintln!("plateau: {why}: judged again from samples.jsonl (the recorded verdict is not trusted, and is left as it is)"),
+        (Some(_), false) => {
+            let path = dir.join("verdict.json");
+            write_verdict(dir, &run.verdict).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        (None, _) => {}
     }
-    let v = judge_read(&s, &samples, &Overrides::default())?;
-    write_verdict(dir, &v).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok((s, v))
+    Ok((run.samples, run.verdict))
 }
 
 fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {

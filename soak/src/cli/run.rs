@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long)]
     seed: Option<u64>,
     /// Iterations to run (default: the scenario's).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "duration")]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=plateau_scenario::MAX_ITERATIONS), conflicts_with = "duration")]
     iterations: Option<u64>,
     /// Run for a wall-clock time instead: 90s, 10m, 2h.
     #[arg(long)]
@@ -39,7 +39,7 @@ pub struct Args {
     until_decided: bool,
     /// The cap of --until-decided (default: the scenario's `[soak] max_iterations`, else four
     /// times the planned length).
-    #[arg(long, requires = "until_decided", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, requires = "until_decided", value_parser = clap::value_parser!(u64).range(1..=plateau_scenario::MAX_ITERATIONS))]
     max_iterations: Option<u64>,
     /// Switch on a leak injection (repeatable; see `plateau list`).
     #[arg(long = "inject", value_name = "NAME")]
@@ -184,6 +184,10 @@ pub fn main(a: Args) -> u8 {
     // A run refused for bad input leaves no directory of its own behind (`history add
     // runs/*` must keep working); a directory the user named and that existed stays.
     let fresh_dir = !out_dir.exists();
+    if let Err(e) = plateau_soak::fsutil::claim_run_dir(&out_dir) {
+        eprintln!("plateau: --out {e}");
+        return USAGE;
+    }
     let mut environment = None;
     if profile_window.is_none() {
         // The profiled replay's child writes into its own directory: only the run itself

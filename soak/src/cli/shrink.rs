@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Parser;
 use plateau_soak::shrink::{self, Origin, ShrinkError, ShrinkOptions, COMMAND_FILE};
 
-use super::{HARNESS, INCONCLUSIVE, PASS, USAGE};
+use super::{HARNESS, INCONCLUSIVE, LEAK, PASS, USAGE};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,6 +28,14 @@ pub struct Args {
     /// No line per candidate.
     #[arg(long)]
     quiet: bool,
+    /// The command that starts the server, for a run against one (`--target`): replaces the one
+    /// the run directory's command.json records, which is never run unasked.
+    #[arg(long, value_name = "CMD")]
+    spawn: Option<String>,
+    /// Run the `--spawn` command or `--topology` that the run directory records (only for a run
+    /// directory you made or trust: what it records runs as you).
+    #[arg(long)]
+    trust_run_dir: bool,
 }
 
 /// The original run's command line, parsed as `plateau run` parses it.
@@ -45,8 +53,8 @@ pub(crate) fn origin(run_dir: &std::path::Path) -> Result<Origin, String> {
 }
 
 pub fn main(a: Args) -> u8 {
-    let Args { run_dir, jobs, budget, out, quiet } = a;
-    let origin = match origin(&run_dir) {
+    let Args { run_dir, jobs, budget, out, quiet, spawn, trust_run_dir } = a;
+    let origin = match origin(&run_dir).and_then(|mut o| o.trusted(spawn, trust_run_dir, &run_dir).map(|_| o)) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("plateau: {e}");
@@ -92,6 +100,10 @@ pub fn main(a: Args) -> u8 {
         Err(ShrinkError::Input(e)) => {
             eprintln!("plateau: {e}");
             USAGE
+        }
+        Err(ShrinkError::FailsOnItsOwn(e)) => {
+            eprintln!("plateau: shrink: {e}");
+            LEAK
         }
         Err(ShrinkError::Undecided(e)) => {
             eprintln!("plateau: shrink: {e}");

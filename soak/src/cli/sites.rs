@@ -3,7 +3,6 @@
 //! a preloaded jemalloc for a native server); then the verdict is drawn again with the sites.
 
 use plateau_reports::Status;
-use plateau_soak::analysis::describe;
 use plateau_soak::driver::{self, RunOptions};
 use plateau_soak::external::profile::{ExternalReplay, Launch, ServerKind};
 use plateau_soak::heapprof::GrowthRecord;
@@ -103,9 +102,20 @@ pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -
     };
     eprintln!("plateau: profiling a replay of iterations {start}..{end} for the heap's allocation sites");
     if let Err(e) = spec.run() {
-        eprint!("{}", describe(&r.verdict));
-        eprintln!("plateau: {e}; the run's verdict is in {}", r.out_dir.display());
-        return Some(HARNESS);
+        // The replay is evidence for the verdict, not the verdict: a leak stays a leak (exit 1)
+        // when no line could be named, and the verdict says why.
+        eprintln!("plateau: no allocating line named: the profiled replay could not run: {e}");
+        let record = GrowthRecord {
+            metric: "jemalloc.allocated".into(),
+            start_iter: start,
+            end_iter: end,
+            note: Some(format!("the profiled replay could not run: {e}")),
+            ..GrowthRecord::default()
+        };
+        if let Err(e) = plateau_soak::heapprof::write_record(&r.out_dir, &record) {
+            eprintln!("plateau: {e}");
+            return Some(HARNESS);
+        }
     }
     rejudge(r)
 }

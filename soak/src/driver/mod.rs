@@ -30,8 +30,9 @@ pub use target::Target;
 
 pub use crate::detector::STOPPED_ON_EXACT_FAILURE;
 
-/// Iterations a duration-bound run may take at most.
-pub const MAX_ITERATIONS: u64 = 100_000_000;
+/// Iterations a run may take at most, a duration-bound one included (the reason is beside the
+/// scenario's cap).
+pub const MAX_ITERATIONS: u64 = plateau_scenario::MAX_ITERATIONS;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Progress {
@@ -109,6 +110,8 @@ pub struct RunResult {
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AbortCounts {
+    /// Requests an external target completed: streamed to their end with every choice asked for.
+    pub completed: u64,
     pub aborted: u64,
     /// Targets that ended before reaching the stage they were to be aborted at.
     pub missed: u64,
@@ -175,8 +178,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
 
 /// Creates the output directory and clears what an earlier run left in it.
 pub fn prepare_out_dir(opts: &RunOptions) -> Result<(), RunError> {
-    std::fs::create_dir_all(&opts.out_dir)
-        .map_err(|e| RunError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
+    crate::fsutil::claim_run_dir(&opts.out_dir).map_err(|e| RunError::Input(format!("--out {e}")))?;
     clear_earlier_run(&opts.out_dir);
     Ok(())
 }

@@ -103,6 +103,11 @@ impl Client {
             }
         })?;
         let status = resp.status();
+        if status.is_server_error() {
+            // Something answers and fails: the target's failure, not a wrong address.
+            let text = resp.text().await.unwrap_or_default();
+            return Err(ClientError::Server(format!("GET {url} answered {status}: {}", snippet(&text))));
+        }
         let body: Value = resp.json().await.map_err(|_| {
             ClientError::NotOpenAi(format!(
                 "GET {url} answered {status} without OpenAI JSON: is this an OpenAI-compatible server?"
@@ -188,7 +193,7 @@ impl Client {
             if let Action::CloseBeforeFirstToken { .. } = action {
                 return Ok(Outcome::Aborted);
             }
-            return read_stream(resp, action, &url).await;
+            return read_stream(resp, action, &url, r.params.n).await;
         }
         unreachable!("the last attempt returns")
     }
@@ -241,13 +246,29 @@ impl Client {
     }
 }
 
-/// Reads a streamed response: to its end, or until the chunk count the action closes at.
-async fn read_stream(mut resp: reqwest::Response, action: Action, url: &str) -> Result<Outcome, ClientError> {
+/// Reads a streamed response: to its end, or until the chunk count the action closes at. What a
+/// server that did not do the work answers is its error, never a completion: a 200 whose body is
+/// not an event stream, a stream that ends with no choice in it, or one that answers fewer
+/// choices than the `n` asked for.
+async fn read_stream(mut resp: reqwest::Response, action: Action, url: &str, n: u32) -> Result<Outcome, ClientError> {
     let close_at = match action {
         Action::CloseAfterChunks(k) => Some(k),
         _ => None,
     };
+    let status = resp.status();
+    let content_type =
+        resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    if !content_type.starts_with("text/event-stream") {
+        let text = resp.text().await.unwrap_or_default();
+        return Err(ClientError::Server(format!(
+            "POST {url} answered {} with a body that is not the event stream asked for (stream: true; Content-Type {}): {}: a completion without its stream is an error of the target",
+            status,
+            if content_type.is_empty() { "none" } else { &content_type },
+            snippet(&text)
+        )));
+    }
     let mut chunks = 0u32;
+    let mut choices = ChoicesSeen::default();
     let mut pending: Vec<u8> = Vec::new();
     loop {
         let bytes = match resp.chunk().await {
@@ -269,10 +290,10 @@ async fn read_stream(mut resp: reqwest::Response, action: Action, url: &str) -> 
                 if let Some(err) = v.get("error") {
                     return Err(ClientError::Server(format!("POST {url}: the stream ended in an error: {err}")));
                 }
-                let has_text = v["choices"].as_array().is_some_and(|cs| {
-                    cs.iter().any(|c| {
-                        c["text"].as_str().or_else(|| c["delta"]["content"].as_str()).is_some_and(|t| !t.is_empty())
-                    })
+                let Some(cs) = v["choices"].as_array() else { continue };
+                choices.see(cs);
+                let has_text = cs.iter().any(|c| {
+                    c["text"].as_str().or_else(|| c["delta"]["content"].as_str()).is_some_and(|t| !t.is_empty())
                 });
                 if has_text {
                     chunks += 1;
@@ -284,10 +305,47 @@ async fn read_stream(mut resp: reqwest::Response, action: Action, url: &str) -> 
             }
         }
     }
+    if let Some(why) = choices.short_of(n) {
+        return Err(ClientError::Server(format!("POST {url}: the stream ended {why}: an error of the target")));
+    }
     Ok(match close_at {
         Some(_) => Outcome::EndedFirst,
         None => Outcome::Completed { chunks },
     })
+}
+
+/// The choice indexes a stream has carried (a completion with `n` asks for indexes 0..n).
+#[derive(Default)]
+struct ChoicesSeen {
+    events: u32,
+    /// Indexes below [`ChoicesSeen::TRACKED`] seen, one bit each.
+    indexes: u128,
+}
+
+impl ChoicesSeen {
+    /// Indexes tracked one by one: `n` is capped far below this by the scenario's own limits.
+    const TRACKED: u32 = 128;
+
+    fn see(&mut self, choices: &[Value]) {
+        self.events += 1;
+        for c in choices {
+            let i = c["index"].as_u64().unwrap_or(0);
+            if i < u64::from(Self::TRACKED) {
+                self.indexes |= 1u128 << i;
+            }
+        }
+    }
+
+    /// What a finished stream lacks for `n` choices, if anything.
+    fn short_of(&self, n: u32) -> Option<String> {
+        if self.events == 0 {
+            return Some("with no choice in it (no token, no finish)".to_string());
+        }
+        let want = n.clamp(1, Self::TRACKED);
+        let seen = self.indexes.count_ones();
+        let all = if want == Self::TRACKED { u128::MAX } else { (1u128 << want) - 1 };
+        (self.indexes & all != all).then(|| format!("with {seen} of the n = {n} choices asked for (it ignores n)"))
+    }
 }
 
 /// Prompt tokens as text: each byte token as its byte, kept printable ASCII so that the text has

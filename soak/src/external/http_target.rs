@@ -251,7 +251,7 @@ impl Http<'_> {
             stream::iter(sends.iter()).map(|(r, a)| client.send(r, *a)).buffer_unordered(self.ext.concurrency.max(1));
         while let Some(r) = results.next().await {
             match r.map_err(client_err)? {
-                Outcome::Completed { .. } => {}
+                Outcome::Completed { .. } => self.aborts.completed += 1,
                 Outcome::Aborted => self.aborts.aborted += 1,
                 Outcome::EndedFirst => self.aborts.missed += 1,
                 Outcome::Refused => self.aborts.invalid_refused += 1,

@@ -451,7 +451,18 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         hook,
         memray_pids: Vec::new(),
     };
-    run_with(scenario, opts, plan, &mut HttpTarget { runtime, http })
+    let r = run_with(scenario, opts, plan, &mut HttpTarget { runtime, http })?;
+    if r.aborts.completed == 0 && !r.verdict.failed() {
+        // Memory that stays level while nothing is served says nothing about serving.
+        return Err(RunError::Harness(format!(
+            "the target completed no request in {} iterations ({} aborted, {} refused as invalid): a run in which the target did no work is never judged a pass; results in {}",
+            r.iterations,
+            r.aborts.aborted,
+            r.aborts.invalid_refused,
+            r.out_dir.display()
+        )));
+    }
+    Ok(r)
 }
 
 /// Names the dialect in the run's environment.json (written before the server answered), where

@@ -1,7 +1,9 @@
 //! The server under test: started by plateau (`--spawn`) or already running (`--pid`), and the URL
 //! it answers on.
 //!
-//! A spawned server runs `sh -c "exec CMD"` in a process group of its own, with its output in
+//! A spawned server runs `sh -c "exec CMD"` in a process group of its own (leading `VAR=value`
+//! words stay before the `exec`; a compound command, `cd dir && srv`, runs through the shell as
+//! written, the shell then the root of the server's process tree), with its output in
 //! `target.log` in the run's directory and the kernel told to stop it if plateau dies
 //! (PR_SET_PDEATHSIG). plateau waits for it to answer (`/health`, else `/v1/models`), and stops it
 //! at the end of the run, on Ctrl-C and on any error: SIGTERM to its group, then SIGKILL after
@@ -11,6 +13,56 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The line the shell runs for `cmd`: `exec CMD`, so that the server is the process plateau
+/// started (its pid is the server's), with leading assignments (`VAR=1 srv`) kept before the
+/// `exec` (after it the shell would look for a program named `VAR=1`); a compound command (an
+/// unquoted `;`, `&`, `|`, parenthesis or newline: `cd dir && srv`) as written, since `exec`
+/// would apply to its first part only.
+pub fn shell_line(cmd: &str) -> String {
+    if compound(cmd) {
+        return cmd.to_string();
+    }
+    let Some(words) = shlex::split(cmd) else { return format!("exec {cmd}") };
+    let assigns = words.iter().take_while(|w| is_assignment(w)).count();
+    if assigns == 0 || assigns == words.len() {
+        return format!("exec {cmd}");
+    }
+    // An assignment stays one only with its name unquoted: the value alone is quoted.
+    let assignment = |w: &String| {
+        let (name, value) = w.split_once('=')?;
+        Some(format!("{name}={}", shlex::try_quote(value).ok()?))
+    };
+    let a: Option<Vec<String>> = words[..assigns].iter().map(assignment).collect();
+    match (a, shlex::try_join(words[assigns..].iter().map(String::as_str)).ok()) {
+        (Some(a), Some(rest)) => format!("{} exec {rest}", a.join(" ")),
+        _ => format!("exec {cmd}"),
+    }
+}
+
+/// `NAME=value`, a shell variable assignment.
+fn is_assignment(word: &str) -> bool {
+    let Some((name, _)) = word.split_once('=') else { return false };
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Whether `cmd` holds a shell operator outside quotes (`;`, `&`, `|`, `(`, `)`, a newline).
+fn compound(cmd: &str) -> bool {
+    let (mut single, mut double, mut escaped) = (false, false, false);
+    for c in cmd.chars() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if !single => escaped = true,
+            '\'' if !double => single = !single,
+            '"' if !single => double = !double,
+            ';' | '&' | '|' | '(' | ')' | '\n' if !single && !double => return true,
+            _ => {}
+        }
+    }
+    false
+}
 
 /// How long a stopped server may take to exit before it is killed.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
@@ -35,7 +87,7 @@ impl Target {
         let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| format!("{}: {e}", log.display()))?;
         let mut c = Command::new("sh");
-        c.arg("-c").arg(format!("exec {cmd}")).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
+        c.arg("-c").arg(shell_line(cmd)).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
         c.envs(env.iter().map(|(k, v)| (k, v)));
         // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
         unsafe {
@@ -94,4 +146,25 @@ pub fn tail(path: &Path, max: usize) -> String {
     let text = std::fs::read(path).unwrap_or_default();
     let start = text.len().saturating_sub(max);
     String::from_utf8_lossy(&text[start..]).trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_line;
+
+    #[test]
+    fn a_spawned_command_execs_the_server_with_its_assignments_and_a_compound_one_runs_as_written() {
+        assert_eq!(shell_line("python3 srv.py 8000"), "exec python3 srv.py 8000");
+        assert_eq!(shell_line("VAR=1 OTHER='a b' srv --port 1"), "VAR=1 OTHER='a b' exec srv --port 1");
+        assert_eq!(shell_line("cd /tmp && srv"), "cd /tmp && srv");
+        assert_eq!(shell_line("srv --arg 'a;b'"), "exec srv --arg 'a;b'");
+        assert_eq!(shell_line("srv \\; x"), "exec srv \\; x");
+        // Each runs in a real shell as the line says.
+        let run = |line: &str| {
+            let o = std::process::Command::new("sh").arg("-c").arg(shell_line(line)).output().expect("sh");
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        };
+        assert_eq!(run("FOO=bar sh -c 'echo $FOO'"), "bar");
+        assert_eq!(run("cd / && pwd"), "/");
+    }
 }

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use plateau_reports::figures::of_run;
 use plateau_reports::{Environment, Samples, Verdict};
 use rusqlite::{params, Connection};
-use sha2::{Digest, Sha256};
 
 use super::{db_err, HistoryError};
 
@@ -25,24 +24,21 @@ pub fn has_samples(dir: &Path) -> bool {
     dir.join("samples.jsonl").is_file()
 }
 
-/// Reads a run directory: samples.jsonl must be there; its verdict is the run's verdict.json, or
-/// (a run killed before it wrote one) the one judge's verdict of its samples, which an unfinished
-/// run makes inconclusive; environment.json may be there.
+/// Reads a run directory through the one loader (`analysis::load_run`): samples.jsonl must be
+/// there; its verdict is the run's verdict.json while that judged exactly these samples, else
+/// (none written, or samples changed since) the one judge's verdict of them now, which an
+/// unfinished run makes inconclusive; environment.json may be there.
 pub fn read_run(dir: &Path) -> Result<RunRecord, HistoryError> {
-    let samples_path = dir.join("samples.jsonl");
-    let bytes = crate::fsutil::read_input(&samples_path, plateau_reports::samples::MAX_FILE_BYTES)
-        .map_err(|e| HistoryError::Input(format!("{e} (not a run directory: `plateau run` writes samples.jsonl)")))?;
-    let samples = Samples::parse(&bytes[..], &samples_path).map_err(|e| HistoryError::Input(e.to_string()))?;
-    let verdict_path = dir.join("verdict.json");
-    let verdict: Verdict = if verdict_path.exists() {
-        let text =
-            crate::fsutil::read_input(&verdict_path, crate::fsutil::RUN_FILE_BYTES).map_err(HistoryError::Input)?;
-        serde_json::from_slice(&text)
-            .map_err(|e| HistoryError::Input(format!("{}: line {}: {e}", verdict_path.display(), e.line())))?
-    } else {
-        crate::analysis::judge_read(&samples, &samples_path, &crate::detector::Overrides::default())
-            .map_err(HistoryError::Input)?
-    };
+    if !has_samples(dir) {
+        return Err(HistoryError::Input(format!(
+            "{}: no samples.jsonl (not a run directory: `plateau run` writes samples.jsonl)",
+            dir.display()
+        )));
+    }
+    let run = crate::analysis::load_run(dir).map_err(HistoryError::Input)?;
+    if let (Some(why), true) = (&run.judged_again, run.had_verdict) {
+        eprintln!("plateau: history: {why}: judged again from samples.jsonl, and stored as judged now");
+    }
     let env_path = dir.join("environment.json");
     let environment = if env_path.exists() {
         let b = crate::fsutil::read_input(&env_path, crate::fsutil::RUN_FILE_BYTES).map_err(HistoryError::Input)?;
@@ -53,8 +49,13 @@ pub fn read_run(dir: &Path) -> Result<RunRecord, HistoryError> {
     } else {
         None
     };
-    let samples_sha256 = format!("{:x}", Sha256::digest(&bytes));
-    Ok(RunRecord { dir: dir.to_path_buf(), samples_sha256, samples, verdict, environment })
+    Ok(RunRecord {
+        dir: dir.to_path_buf(),
+        samples_sha256: run.samples_sha256,
+        samples: run.samples,
+        verdict: run.verdict,
+        environment,
+    })
 }
 
 /// Stores `runs`; returns how many were new (a run already stored is left as it is).

@@ -115,6 +115,10 @@ pub struct Record {
     /// Why it did not run or did not end in a verdict.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub note: String,
+    /// The metrics its control run (the same candidate without the injections) failed on: the
+    /// server or engine grows on its own there, a finding of its own.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub control_failing: Vec<String>,
 }
 
 impl Record {
@@ -187,6 +191,7 @@ impl<'a> Runner<'a> {
                 iterations,
                 secs: 0.0,
                 note: String::new(),
+                control_failing: Vec::new(),
             };
             if let Err(e) = plateau_scenario::Scenario::parse(&text, "candidate.toml") {
                 rec.verdict = "invalid".into();
@@ -276,6 +281,8 @@ impl Setup<'_> {
             match control {
                 Ok(c) if !self.signature.matched(&c).is_empty() => {
                     rec.same_way = false;
+                    rec.control_failing =
+                        c.metrics.iter().filter(|m| m.status == Status::Fail).map(|m| m.name.clone()).collect();
                     rec.note = format!(
                         "{} fails without the injection too: the workload's own growth, not the leak's",
                         self.signature.matched(&c).join(", ")
@@ -340,9 +347,12 @@ fn without_injections(flags: &[String]) -> Vec<String> {
     out
 }
 
-/// A run directory's verdict.json.
+/// A run directory's verdict, through the one loader: verdict.json while it judged exactly the
+/// samples beside it, else judged again (and said so).
 pub fn read_verdict(dir: &Path) -> Result<Verdict, String> {
-    let path = dir.join("verdict.json");
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    let run = crate::analysis::load_run(dir)?;
+    if let (Some(why), true) = (&run.judged_again, run.had_verdict) {
+        eprintln!("plateau: {why}: judged again from samples.jsonl");
+    }
+    Ok(run.verdict)
 }

@@ -87,6 +87,10 @@ pub struct Fuzzed {
     pub undecided: usize,
     /// The first failing case's record index, and its shrink.
     pub failure: Option<(usize, Result<Shrunk, ShrinkError>)>,
+    /// The first case whose control run (without the injections) failed too: the server or
+    /// engine under test grows on its own, which is what fuzz exists to find (never shrunk as
+    /// the injection's leak, never a pass).
+    pub own_failure: Option<usize>,
 }
 
 /// Runs the cases and shrinks the first failing one (see the module's lifecycle).
@@ -109,6 +113,7 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
         until_decided: true,
     });
     let mut failing = None;
+    let mut own_failure = None;
     let mut judged_cases = 0;
     let mut undecided = 0;
     for batch in mixes.chunks(jobs) {
@@ -121,6 +126,10 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
         undecided += judged.iter().filter(|(_, k)| runner.records[*k].verdict == "inconclusive").count();
         if let Some(&(_, k)) = judged.iter().find(|(f, _)| *f) {
             failing = Some(k);
+            break;
+        }
+        if let Some(&(_, k)) = judged.iter().find(|(_, k)| !runner.records[*k].control_failing.is_empty()) {
+            own_failure = Some(k);
             break;
         }
         if runner.out_of_budget {
@@ -147,12 +156,13 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
         "iterations": opts.iterations,
         "cases": runner.records,
         "first_failure": failing,
+        "first_failure_without_injections": own_failure,
         "out_of_budget": runner.out_of_budget,
     });
     let path = opts.out_dir.join("fuzz.json");
     crate::fsutil::write_atomic(&path, (serde_json::to_string_pretty(&json).unwrap_or_default() + "\n").as_bytes())
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(Fuzzed { records: runner.records, drawn: mixes.len(), judged: judged_cases, undecided, failure })
+    Ok(Fuzzed { records: runner.records, drawn: mixes.len(), judged: judged_cases, undecided, failure, own_failure })
 }
 
 #[cfg(test)]

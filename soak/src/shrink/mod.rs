@@ -55,6 +55,36 @@ pub struct Origin {
 }
 
 impl Origin {
+    /// Takes a run directory's recorded command as safe to run again, or refuses: a run directory
+    /// can come from anywhere (a CI artifact, a colleague's archive), and the `--spawn` command or
+    /// `--topology` file its command.json records would run as the user. `spawn` (the user's
+    /// `--spawn`, given again) replaces the recorded command; `trust` (`--trust-run-dir`) runs
+    /// what is recorded. Errors name the command and both ways on.
+    pub fn trusted(&mut self, spawn: Option<String>, trust: bool, run_dir: &std::path::Path) -> Result<(), String> {
+        if let Some(s) = spawn {
+            if self.target.is_none() {
+                return Err(format!(
+                    "--spawn: the run in {} soaked plateau's own engine, not a server",
+                    run_dir.display()
+                ));
+            }
+            self.spawn = Some(s);
+        } else if let (Some(s), false) = (&self.spawn, trust) {
+            return Err(format!(
+                "{}: its command.json records --spawn '{s}': a command from a run directory is never run unasked; give it again with --spawn '...' (the same or another), or --trust-run-dir to run what the directory records",
+                run_dir.display()
+            ));
+        }
+        let topology = self.flags.iter().position(|f| f == "--topology").and_then(|i| self.flags.get(i + 1));
+        if let (Some(t), false) = (topology, trust) {
+            return Err(format!(
+                "{}: its command.json records --topology {t}, whose processes plateau starts: a command from a run directory is never run unasked; give --trust-run-dir to run it",
+                run_dir.display()
+            ));
+        }
+        Ok(())
+    }
+
     /// The port of the target's URL, as written (`http://127.0.0.1:8000/...` gives "8000").
     fn port(&self) -> Option<&str> {
         let url = self.target.as_deref()?;
@@ -125,6 +155,10 @@ pub enum ShrinkError {
     /// The budget ran out before anything was decided (exit 4).
     #[error("{0}")]
     Undecided(String),
+    /// The run fails without its injections too: the server or engine under test grows on its
+    /// own, a finding of its own (exit 1), not a leak to shrink.
+    #[error("{0}")]
+    FailsOnItsOwn(String),
 }
 
 /// A finished shrink.
@@ -296,6 +330,13 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
         return Err(ShrinkError::Undecided(format!(
             "the budget ran out before the run was replayed (candidate 0 {}): nothing was shrunk; give a larger --budget",
             first.note
+        )));
+    }
+    if !first.control_failing.is_empty() {
+        return Err(ShrinkError::FailsOnItsOwn(format!(
+            "the run fails without its injections too (on {}): the server or engine under test grows on its own; see {}",
+            first.control_failing.join(", "),
+            opts.out_dir.join("candidates").join(format!("{:03}", first.id)).join("control").display()
         )));
     }
     if !replayed[0].0 {
