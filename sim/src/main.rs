@@ -238,7 +238,7 @@ fn sweep(
 ) -> ExitCode {
     use std::io::Write;
     let start = std::time::Instant::now();
-    let (mut runs, mut failed, mut requests, mut sim_ms) = (0u64, 0u64, 0u64, 0u64);
+    let (mut runs, mut failed, mut undecided, mut requests, mut sim_ms) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut first_fail = None;
     let mut failed_seeds = Vec::new();
     for seed in plateau_sim::shards::shard_seeds(seeds.clone(), shard) {
@@ -246,10 +246,12 @@ fn sweep(
         runs += 1;
         requests += r.requests.finished + r.requests.aborted + r.requests.failed;
         sim_ms += r.sim_ms;
-        if !r.passed() {
+        if r.failed() {
             failed += 1;
             first_fail.get_or_insert(seed);
             failed_seeds.push(plateau_sim::shards::FailedSeed { seed, line: r.line() });
+        } else if !r.passed() {
+            undecided += 1;
         }
         if !r.passed() || verbose {
             println!("{}", r.line());
@@ -259,7 +261,7 @@ fn sweep(
     let wall = start.elapsed().as_secs_f64();
     let injections: Vec<&str> = spec.injections.iter().map(|i| i.name()).collect();
     println!(
-        "sweep {}..{}{}: {runs} seeds, {failed} failed{}; scenario {}, faults {:?}, injections [{}]; {requests} requests, {:.1} s simulated in {wall:.1} s wall ({:.0} requests/s, {:.0}x real time)",
+        "sweep {}..{}{}: {runs} seeds, {failed} failed{}, {undecided} undecided; scenario {}, faults {:?}, injections [{}]; {requests} requests, {:.1} s simulated in {wall:.1} s wall ({:.0} requests/s, {:.0}x real time)",
         seeds.start,
         seeds.end,
         shard.map(|(i, n)| format!(" shard {i}/{n}")).unwrap_or_default(),
@@ -289,8 +291,11 @@ fn sweep(
             return ExitCode::from(2);
         }
     }
+    // Every seed judged and passed, or the sweep is no pass: 1 on a failure, 4 on an undecided.
     if failed > 0 {
         ExitCode::from(1)
+    } else if undecided > 0 {
+        ExitCode::from(4)
     } else {
         ExitCode::SUCCESS
     }
@@ -338,9 +343,5 @@ fn replay(
             path.display()
         );
     }
-    if r.passed() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+    ExitCode::from(plateau_sim::report::RunReport::exit_code([&r]))
 }

@@ -48,6 +48,9 @@ pub struct RunReport {
     /// What the detector judged: every node's registries and gauges at the quiescent points, as a
     /// samples v1 file holds them (`replay --samples` writes it for `plateau analyze`).
     pub samples: Option<Samples>,
+    /// Metrics the detector could not decide (too few points after warm-up, growth whose end the
+    /// run cannot tell), each with why: a run with any is not a pass.
+    pub undecided: Vec<String>,
 }
 
 /// The router's counter of requests sent (the cluster's workload), in every sample.
@@ -87,6 +90,7 @@ impl RunReport {
             violations: Vec::new(),
             trace_lines: trace.take_lines(),
             samples: None,
+            undecided: Vec::new(),
         }
     }
 
@@ -112,7 +116,7 @@ impl RunReport {
             .collect();
         // Registries are judged from the first quiescent point; gauges (heap, mappings) after the
         // soak's warm-up, by the soak's one rule and configuration. A run shorter than the warm-up
-        // leaves the gauges inconclusive, which is no violation: only failures are.
+        // leaves the gauges inconclusive: no violation, and no pass either (`undecided`).
         let warmup_iterations = gauge_warmup_iterations();
         // The router's count of requests sent: gauges are judged with the soak's default
         // tolerance per request, as a soak of the same workload would be.
@@ -159,6 +163,12 @@ impl RunReport {
             }
         };
         self.samples = Some(s);
+        self.undecided = verdict
+            .metrics
+            .iter()
+            .filter(|m| m.status == plateau_reports::Status::Inconclusive)
+            .map(|m| format!("{}: {}", m.name, m.reason))
+            .collect();
         for m in verdict.metrics.iter().filter(|m| m.status == plateau_reports::Status::Fail) {
             let (node, _) = m.name.split_once('.').unwrap_or(("?", ""));
             let at = samples.iter().find(|x| Some(x.0) == m.first_iter).map_or(self.sim_ms, |x| (x.1 * 1000.0) as u64);
@@ -174,12 +184,46 @@ impl RunReport {
         self.violations.sort_by_key(|v| v.t_ms);
     }
 
+    /// Every invariant held and every metric was judged and passed.
     pub fn passed(&self) -> bool {
-        self.violations.is_empty()
+        self.violations.is_empty() && self.undecided.is_empty()
     }
 
-    /// One line: the seed, and the first violation or the figures of a clean run.
+    /// An invariant was violated or a metric failed.
+    pub fn failed(&self) -> bool {
+        !self.violations.is_empty()
+    }
+
+    /// The exit code of a run or a sweep of runs: 1 when one failed, else 4 when one left a
+    /// metric undecided, else 0.
+    pub fn exit_code<'a>(reports: impl IntoIterator<Item = &'a RunReport>) -> u8 {
+        let (mut failed, mut undecided) = (false, false);
+        for r in reports {
+            failed |= r.failed();
+            undecided |= !r.passed();
+        }
+        if failed {
+            1
+        } else if undecided {
+            4
+        } else {
+            0
+        }
+    }
+
+    /// One line: the seed, and the first violation, the undecided metrics or the figures of a
+    /// clean run.
     pub fn line(&self) -> String {
+        if let (None, Some(first)) = (self.violations.first(), self.undecided.first()) {
+            return format!(
+                "seed {}: UNDECIDED: {} metric{} not judged ({first}{}; trace {:016x}): not a pass",
+                self.seed,
+                self.undecided.len(),
+                if self.undecided.len() == 1 { "" } else { "s" },
+                if self.undecided.len() > 1 { ", ..." } else { "" },
+                self.trace_hash
+            );
+        }
         match self.violations.first() {
             Some(v) => format!(
                 "seed {}: FAIL {} on {} at t={:.3}s: {} ({} violations; trace {:016x})",

@@ -84,5 +84,6 @@ fn failed(seed: u64, invariant: &'static str, node: String, t_ms: u64, detail: S
         violations: vec![Violation { invariant, node, t_ms, detail }],
         trace_lines: Vec::new(),
         samples: None,
+        undecided: Vec::new(),
     }
 }

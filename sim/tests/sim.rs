@@ -42,7 +42,7 @@ fn every_registry_injection_is_caught_naming_seed_and_invariant() {
         (Injection::PdMmapHook, "mapped-outside-registries", "decode"),
     ] {
         let s = spec("default", Injections::none().with(i));
-        let caught = (0..20).map(|seed| run_seed(&s, seed, false)).find(|r| !r.passed());
+        let caught = (0..20).map(|seed| run_seed(&s, seed, false)).find(|r| r.failed());
         let r = caught.unwrap_or_else(|| panic!("{} not caught in seeds 0..20", i.name()));
         let line = r.line();
         assert!(line.starts_with(&format!("seed {}: FAIL ", r.seed)), "{line}");
@@ -153,8 +153,10 @@ fn case() -> impl Strategy<Value = (Vec<(u32, usize, u32, Option<u64>)>, Vec<Dra
 fn check(s: &RunSpec, reqs: &[(u32, usize, u32, Option<u64>)], draws: &[Draw]) -> Result<(), TestCaseError> {
     let shape = Shape { engine_nodes: 3, clients: 4, horizon_ms: 300 };
     let faults = FaultPlan::from_draws(shape, draws, draws.len());
+    // One iteration: the exact layer and the invariants decide; the gauges are too short to
+    // judge (undecided, which is no pass, and no failure either).
     let r = run_plans(s, 1, workload(reqs), Some(faults), false);
-    prop_assert!(r.passed(), "{}", r.line());
+    prop_assert!(!r.failed(), "{}", r.line());
     Ok(())
 }
 

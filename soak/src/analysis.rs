@@ -91,7 +91,8 @@ fn judge_bytes(s: &Samples, samples_bytes: &[u8], samples: &Path, overrides: &Ov
 /// A run directory as every command that reads one takes it: its samples, and the verdict that
 /// judged exactly them. The recorded verdict.json is taken only while its evidence holds: the
 /// samples' and every evidence file's SHA-256 as recorded, and the same detector; otherwise the
-/// samples are judged again and [`LoadedRun::judged_again`] says why.
+/// samples are judged again and [`LoadedRun::judged_again`] says why. A verdict.json that does not
+/// read at all (damaged, or an older plateau's `warn`) is refused: an input error.
 pub struct LoadedRun {
     pub samples: Samples,
     pub samples_sha256: String,
@@ -118,7 +119,15 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, String> {
         true => match crate::fsutil::read_input(&verdict_path, crate::fsutil::RUN_FILE_BYTES)
             .and_then(|b| serde_json::from_slice::<Verdict>(&b).map_err(|e| format!("line {}: {e}", e.line())))
         {
-            Err(e) => Some(format!("{} does not read ({e})", verdict_path.display())),
+            // A verdict that does not read is refused, not replaced: damaged, or an older
+            // plateau's (its `warn`); analyze judges the samples again into a directory of its own.
+            Err(e) => {
+                return Err(format!(
+                    "{}: {e}: it does not read (damaged, or written by an older plateau); `plateau analyze {}` judges the samples again",
+                    verdict_path.display(),
+                    samples_path.display()
+                ))
+            }
             Ok(v) => match stale(&v, dir, &samples_sha256) {
                 Some(why) => Some(format!("{}: {why}", verdict_path.display())),
                 None => return Ok(LoadedRun { samples, samples_sha256, verdict: v, judged_again: None, had_verdict }),

@@ -125,6 +125,7 @@ fn pd_mmap_hook_is_reported_outside_the_heap_with_its_mapping() {
     let d = tmp("pd-mmap");
     // What an earlier run into the same directory left must not be read as this run's.
     std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join(".plateau-run"), b"").unwrap();
     std::fs::write(d.join("growth.json"), b"{}").unwrap();
     let o = plateau(&[
         "run",
@@ -203,10 +204,12 @@ fn pd_across_processes_passes_clean_and_catches_the_mmap_hook_in_the_decode_proc
 #[test]
 fn usage_and_scenario_errors_exit_2_with_a_clear_message() {
     let d = tmp("typo");
+    // The runs' own directory: d holds the scenario files, which a run never writes among.
+    let out = d.join("out");
     let text = std::fs::read_to_string(scenario("n-sampling")).unwrap().replace("max_tokens", "max_tokenz");
     let typo = d.join("typo.toml");
     std::fs::write(&typo, text).unwrap();
-    let o = plateau(&["run", typo.to_str().unwrap(), "--iterations", "2", "--out", d.to_str().unwrap()]);
+    let o = plateau(&["run", typo.to_str().unwrap(), "--iterations", "2", "--out", out.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     let e = stderr(&o);
     assert!(e.contains("typo.toml:") && e.contains("`max_tokenz`") && e.contains("did you mean `max_tokens`"), "{e}");
@@ -229,11 +232,13 @@ fn usage_and_scenario_errors_exit_2_with_a_clear_message() {
 
     // Without a usable CUDA device (CI), --backend cuda is bad input naming what is missing.
     if plateau_engine::model::cuda::probe().is_err() {
-        let o = plateau(&["run", "n-sampling", "--iterations", "2", "--backend", "cuda", "--out", d.to_str().unwrap()]);
+        let o =
+            plateau(&["run", "n-sampling", "--iterations", "2", "--backend", "cuda", "--out", out.to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(2));
         let err = stderr(&o);
         assert!(err.contains("backend cuda: no CUDA driver found") && !err.contains("panicked"), "{err}");
-        let o = plateau(&["run", "n-sampling", "--iterations", "2", "--backend", "auto", "--out", d.to_str().unwrap()]);
+        let o =
+            plateau(&["run", "n-sampling", "--iterations", "2", "--backend", "auto", "--out", out.to_str().unwrap()]);
         // It runs on the CPU; two iterations are too few to judge (exit 4), which is no error.
         assert_eq!(o.status.code(), Some(4), "auto falls back to cpu: {}", stderr(&o));
     } else {

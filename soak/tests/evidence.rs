@@ -81,13 +81,16 @@ fn a_verdict_records_its_samples_hash_and_every_setting_and_a_changed_run_is_jud
         c.query_row("select verdict, incomplete from runs", [], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
     assert!(verdict != "pass" || incomplete, "a cut run stored as a complete passing night: {verdict}");
 
-    // An old "warn" status does not read: judged again, and said so.
+    // An old "warn" status does not read: refused, never taken as a pass.
     let warn = root.join("warn");
     copy_run(&d, &warn);
     let v = std::fs::read_to_string(warn.join("verdict.json")).unwrap();
     std::fs::write(warn.join("verdict.json"), v.replacen("\"verdict\": \"pass\"", "\"verdict\": \"warn\"", 1)).unwrap();
-    let o = plateau(&["report", s(&warn)]);
-    assert!(text(&o).contains("does not read") && text(&o).contains("judged again"), "{}", text(&o));
+    for cmd in ["report", "explain"] {
+        let o = plateau(&[cmd, s(&warn)]);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {}", text(&o));
+        assert!(text(&o).contains("unknown variant `warn`") && text(&o).contains("does not read"), "{}", text(&o));
+    }
 
     // A verdict from another detector (its version differs) is judged again.
     let other = root.join("other");

@@ -139,17 +139,26 @@ fn a_registry_residue_is_named_at_its_insertion_line_with_its_count_and_age() {
 }
 
 #[test]
-fn a_replay_that_cannot_run_exits_3_and_the_verdict_stays() {
+fn a_replay_that_cannot_run_leaves_the_leak_a_failure_that_says_why_no_line_is_named() {
     let d = tmp("replay-fails");
-    // The replay writes into RUN_DIR/replay; a file there makes its directory impossible.
+    // The replay writes into RUN_DIR/replay; a file there (in a directory of an earlier run)
+    // makes its directory impossible.
+    std::fs::write(d.join(".plateau-run"), b"").unwrap();
     std::fs::write(d.join("replay"), b"in the way").unwrap();
     let args = ["run", "n-sampling", "--iterations", "60", "--inject", "untracked-heap", "--quiet", "--out"];
     let o = plateau(&[&args[..], &[d.to_str().unwrap()]].concat());
-    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
-    assert!(stderr(&o).contains("the run's verdict is in"), "{}", stderr(&o));
+    // The replay is evidence for the verdict, not the verdict: the leak is the finding (exit 1).
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the profiled replay could not run"), "{}", stderr(&o));
     let v = verdict(&d);
     assert_eq!(v["verdict"], "fail");
     assert_eq!(metric(&v, "jemalloc.allocated")["status"], "fail");
+    let said = v["attribution"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a.as_str().is_some_and(|a| a.contains("jemalloc.allocated: the profiled replay could not run")));
+    assert!(said, "{v}");
 }
 
 #[test]

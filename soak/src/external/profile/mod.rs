@@ -160,7 +160,8 @@ impl ExternalReplay<'_> {
     pub fn run(&self) -> Result<GrowthRecord, String> {
         let out = self.out();
         let _ = std::fs::remove_dir_all(&out);
-        std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+        // The replay's own run directory, marked before the profiler's files go in.
+        crate::fsutil::claim_run_dir(&out)?;
         let env = match self.kind {
             ServerKind::Python { .. } => memray::prepare(&out)?,
             ServerKind::Native { .. } => native::prepare(&out)?,
