@@ -7,6 +7,7 @@ mod common;
 
 mod bisect;
 mod cli;
+mod docs;
 mod evidence;
 mod exact_replay;
 mod external;
