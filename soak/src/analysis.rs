@@ -18,8 +18,10 @@ use crate::system::Residue;
 /// settings (`plateau analyze --tolerance`), named in the verdict. Errors are input errors (exit
 /// 2), each naming the file, line and field.
 pub fn judge_run(samples: &Path, overrides: &Overrides) -> Result<(Samples, Verdict), String> {
-    let s = Samples::read(samples).map_err(|e| e.to_string())?;
-    let v = judge_read(&s, samples, overrides)?;
+    // Read once: the bytes parsed are the bytes hashed.
+    let bytes = crate::fsutil::read_input(samples, plateau_reports::samples::MAX_FILE_BYTES)?;
+    let s = Samples::parse(&bytes[..], samples).map_err(|e| e.to_string())?;
+    let v = judge_bytes(&s, &bytes, samples, overrides)?;
     Ok((s, v))
 }
 
