@@ -11,9 +11,9 @@
 //!   `retained` inside the process's anonymous address space): growth that is all the
 //!   allocator's, while the rest stays level, is addresses kept for reuse.
 //!
-//! The detector reads relations from the header only, as the writer declared them: plateau's own
-//! writers declare their metrics' families with [`declare_v1`]. The reader infers none from
-//! names; a header that declares none gets a warning that its gauges are judged alone.
+//! The detector reads relations from the header only. plateau's own writers declare them with
+//! [`v1_relations`]; for a file whose writer declared none, the reader fills in what the samples v1
+//! families define (their names are part of the format) and says so in a warning, once per file.
 
 use crate::{Header, MetricSpec};
 
@@ -81,25 +81,43 @@ pub fn declare(to: &mut MetricSpec, from: MetricSpec) {
     to.reserved_by = from.reserved_by;
 }
 
-/// The reader's note on a header that declares no relation between its byte gauges: each is then
-/// judged on its own series. Relations are the writer's to declare (its own metrics' families,
-/// [`declare_v1`]); the reader never infers them from names.
-pub fn undeclared_note(header: &Header) -> Option<String> {
+/// Fills in the v1 families' relations of a header whose writer declared none at all, and returns
+/// the warning that says which (none when the header declared some or none apply).
+pub fn imply_v1(header: &mut Header) -> Option<String> {
     if header.metrics.values().any(MetricSpec::declares_relations) {
         return None;
     }
-    let related: Vec<&str> = header
-        .metrics
-        .keys()
-        .filter(|n| v1_relations(n, &|m| header.metrics.contains_key(m)).is_some_and(|r| r.declares_relations()))
-        .map(String::as_str)
-        .collect();
-    (!related.is_empty()).then(|| {
+    let names: Vec<String> = header.metrics.keys().cloned().collect();
+    let has = |n: &str| names.iter().any(|x| x == n);
+    let mut implied = Vec::new();
+    for name in &names {
+        let Some(r) = v1_relations(name, &has).filter(MetricSpec::declares_relations) else { continue };
+        implied.push(describe(name, &r));
+        declare(header.metrics.get_mut(name).expect("a name of the header"), r);
+    }
+    (!implied.is_empty()).then(|| {
         format!(
-            "the header declares no relation between metrics (within, overhead_of, reserved_by): {} judged on their own series; a writer that knows them declares them",
-            related.join(", ")
+            "the header declares no relation between metrics; the samples v1 families define these: {}",
+            implied.join("; ")
         )
     })
+}
+
+/// "proc.rss_file within proc.file_bytes".
+fn describe(name: &str, r: &MetricSpec) -> String {
+    let mut parts = Vec::new();
+    if let Some(w) = &r.within {
+        parts.push(format!("within {w}"));
+    }
+    if let Some(h) = &r.overhead_of {
+        let with =
+            if r.overhead_with.is_empty() { String::new() } else { format!(" with {}", r.overhead_with.join(", ")) };
+        parts.push(format!("an overhead of {h}{with}"));
+    }
+    if !r.reserved_by.is_empty() {
+        parts.push(format!("reserved by {}", r.reserved_by.join(" and ")));
+    }
+    format!("{name} {}", parts.join(", "))
 }
 
 #[cfg(test)]
@@ -115,14 +133,20 @@ mod tests {
     }
 
     #[test]
-    fn a_header_with_no_relation_gets_none_from_its_names_and_a_note() {
-        let h = header(&["decode.proc.rss_file", "decode.proc.file_bytes", "proc.rss", "jemalloc.allocated"]);
-        let said = undeclared_note(&h).expect("a family with relations is there");
-        assert!(said.contains("decode.proc.rss_file judged on their own series"), "{said}");
-        assert!(h.metrics.values().all(|m| !m.declares_relations()));
+    fn the_v1_families_relations_are_implied_only_where_none_is_declared_and_all_parts_exist() {
+        let mut h = header(&["decode.proc.rss_file", "decode.proc.file_bytes", "proc.rss", "jemalloc.allocated"]);
+        let said = imply_v1(&mut h).expect("a relation applies");
+        assert_eq!(h.metrics["decode.proc.rss_file"].within.as_deref(), Some("decode.proc.file_bytes"));
+        // proc.rss's other parts are not in the file: no overhead relation for it.
+        assert_eq!(h.metrics["proc.rss"].overhead_of, None);
+        assert!(said.contains("decode.proc.rss_file within decode.proc.file_bytes"), "{said}");
         let mut declared = header(&["proc.rss_file", "proc.file_bytes", "jemalloc.metadata", "jemalloc.allocated"]);
         declared.metrics.get_mut("jemalloc.metadata").unwrap().overhead_of = Some("jemalloc.allocated".into());
-        assert_eq!(undeclared_note(&declared), None);
+        assert_eq!(imply_v1(&mut declared), None);
+        assert_eq!(
+            declared.metrics["proc.rss_file"].within, None,
+            "a writer that declares relations is taken at its word"
+        );
     }
 
     #[test]

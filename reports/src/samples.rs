@@ -275,10 +275,10 @@ impl Samples {
                 }
             }
         }
-        let header: Header =
+        let mut header: Header =
             serde_json::from_value(v).map_err(|e| err(1, &header_field(&e.to_string()), e.to_string()))?;
         check_header(&header).map_err(|(field, message)| err(1, &field, message))?;
-        warnings.extend(crate::relations::undeclared_note(&header));
+        warnings.extend(crate::relations::imply_v1(&mut header));
         let names: Vec<String> = header.metrics.keys().cloned().collect();
         let mut rows: Vec<Row> = Vec::new();
         let mut end: Option<(usize, RunEnd)> = None;
