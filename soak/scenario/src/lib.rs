@@ -30,7 +30,7 @@ pub use validate::{
 };
 /// The scenarios shipped with plateau, embedded so that `plateau run NAME` and `plateau selftest`
 /// work from any directory.
-pub const SHIPPED: [(&str, &str); 7] = [
+pub const SHIPPED: [(&str, &str); 8] = [
     ("pd-transfer", include_str!("../../../scenarios/pd-transfer.toml")),
     ("multimodal-repeat", include_str!("../../../scenarios/multimodal-repeat.toml")),
     ("n-sampling", include_str!("../../../scenarios/n-sampling.toml")),
@@ -38,6 +38,7 @@ pub const SHIPPED: [(&str, &str); 7] = [
     ("rl-rollout", include_str!("../../../scenarios/rl-rollout.toml")),
     ("prefill-only", include_str!("../../../scenarios/prefill-only.toml")),
     ("mixed", include_str!("../../../scenarios/mixed.toml")),
+    ("vlm-rollout", include_str!("../../../scenarios/vlm-rollout.toml")),
 ];
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
