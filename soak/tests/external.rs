@@ -284,3 +284,46 @@ fn serve_on_a_port_in_use_names_its_own_flag() {
     assert!(stderr(&o).contains(&format!("--port {port}")) && stderr(&o).contains("in use"), "{}", stderr(&o));
     assert!(!stderr(&o).contains("--listen"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_sleep_refused_with_requests_no_client_holds_is_sampled_and_fails_the_exact_layer() {
+    // Before a sleep phase the run has nothing in flight; this server still counts a running
+    // request and refuses to sleep, as plateau serve does with orphaned sequences. The run samples
+    // that moment as its iteration's quiescent point: the orphan is the finding, not the refusal.
+    let refused = r#"{"error":{"message":"cannot sleep with 1 requests in flight"}}"#;
+    let (url, _) = fake_server(vec![
+        ("/v1/models", 200, MODELS),
+        ("/is_sleeping", 200, r#"{"is_sleeping":false}"#),
+        ("/metrics", 200, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"),
+        ("/sleep", 409, refused),
+    ]);
+    let d = tmp("external", "sleep-refused");
+    let scenario = d.join("sleep.toml");
+    std::fs::write(&scenario, "name = \"sleep-only\"\ndescription = \"sleep only\"\n[soak]\niterations = 5\nwarmup_iterations = 1\n[[phase]]\nkind = \"sleep\"\n").unwrap();
+    let out = d.join("run");
+    let pid = std::process::id().to_string();
+    let o = plateau(&[
+        "run",
+        scenario.to_str().unwrap(),
+        "--quiet",
+        "--out",
+        out.to_str().unwrap(),
+        "--target",
+        &url,
+        "--pid",
+        &pid,
+        "--settle-timeout-ms",
+        "50",
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let v = verdict(&out);
+    assert_eq!(
+        (v["verdict"].as_str(), v["incomplete"].as_bool(), v["iterations"].as_u64()),
+        (Some("fail"), Some(true), Some(1)),
+        "{v}"
+    );
+    // The baseline and the refused sleep's point: without the second the iteration would be lost.
+    assert_eq!(v["samples"].as_u64(), Some(2), "{v}");
+    assert!(v["summary"].as_str().unwrap().contains("num_requests_running"), "{v}");
+}

@@ -212,7 +212,13 @@ fn iterate(
         target.begin(iter);
         for (index, phase) in scenario.phases.iter().enumerate() {
             let sends = plan::phase(&mut workload, index, phase, iter, shape);
-            target.run_phase(scenario, iter, index, sends, sink)?;
+            if let Err(e) = target.run_phase(scenario, iter, index, sends, sink) {
+                if matches!(phase, crate::scenario::Phase::Sleep(_)) && sample_refused_sleep(target, sink, iter) {
+                    // Its requests were all served and it has its quiescent point.
+                    state.done = iter;
+                }
+                return Err(e);
+            }
             if opts.interrupt.load(Ordering::Relaxed) {
                 break;
             }
@@ -284,6 +290,21 @@ fn iterate(
         pb.finish_and_clear();
     }
     Ok(())
+}
+
+/// A sleep phase starts with none of the run's requests in flight, so a target that refuses it
+/// (plateau serve answers 409 while it still counts requests in flight; a real server can fail
+/// the same way) is sampled there once more, settled, as the quiescent point of the iteration
+/// that ended: the exact layer then judges what the server kept (orphans no client holds)
+/// instead of the run ending on the refusal alone. A target that cannot be sampled any more
+/// adds nothing; the refusal is still how the run ended. True when the point was written.
+fn sample_refused_sleep(target: &mut dyn Target, sink: &mut Sink, iter: u64) -> bool {
+    if target.quiesce(iter, sink).is_err() {
+        return false;
+    }
+    // A probe or a write that fails here adds no point; the refusal stays the run's error (a
+    // sink that cannot write fails again when the run's end is written).
+    target.probe(iter, true).is_ok_and(|p| sink.write(iter, true, p).is_ok())
 }
 
 fn progress_bar(limit: u64) -> indicatif::ProgressBar {

@@ -9,6 +9,9 @@
 //!    nothing to shrink from.
 //! 3. For an exact-layer failure (a registry, an idle self-check: decided at the first iteration
 //!    it appears, candidates stop there), halve the length first, so every later candidate is short.
+//!    Not against an external server: there when an abort lands is a race, so such a failure keeps
+//!    the planned length (a run that ended early, e.g. a sleep refused with orphans in flight, is
+//!    replayed at the length it planned, not where it ended).
 //! 4. Drop phases, by ddmin over the phases.
 //! 5. Turn request features off (images, n>1, aborts by stage, stop tokens, max_tokens = 1,
 //!    invalid requests, shared prefixes, deep sleep, weight updates, P/D), by ddmin over the
@@ -302,9 +305,13 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
         ))
     })?;
     let original = read_scenario(&opts.run_dir, origin)?;
-    // A run that stopped at its exact-layer failure (a fuzz case) is replayed at the length it
-    // planned, so that the checks of what the leak needs run as long as it meant to.
-    let stopped = verdict.warnings.iter().any(|w| w.contains(crate::driver::STOPPED_ON_EXACT_FAILURE));
+    // A run that ended before its planned length with an exact-layer failure (a fuzz case stopped
+    // at it; a target that refused to go on, e.g. a sleep refused with orphans in flight) is
+    // replayed at the length it planned: candidates stop at the first quiescent point that shows
+    // the failure, and against an external server when an abort lands is a race, so the
+    // replay must not be cut at the iteration where the original happened to show it.
+    let stopped = verdict.warnings.iter().any(|w| w.contains(crate::driver::STOPPED_ON_EXACT_FAILURE))
+        || (verdict.incomplete && signature.exact);
     let planned = features::length(&original).filter(|_| stopped).unwrap_or(0);
     let length = verdict.iterations.max(planned).max(1);
     let start = features::with_length(&original, length, verdict.seed);
@@ -358,13 +365,20 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
         let l = features::length(doc)?;
         (l / 2 >= floor).then(|| features::with_length(doc, l / 2, verdict.seed))
     };
-    if signature.exact {
+    // Against an external server, whether an exact-layer failure shows within a few iterations
+    // is a race (when an abort lands against the server's steps): a candidate cut to the length
+    // where one replay happened to show it would pass by luck and keep what the leak does not
+    // need. Its length stays as planned; a candidate that fails stops at its first showing anyway.
+    let racy = signature.exact && origin.target.is_some();
+    if signature.exact && !racy {
         search.halve_while_failing("length", halve_length);
     }
     search.drop_phases();
     search.turn_off_features();
     search.halve_while_failing("requests", features::halve_requests);
-    search.halve_while_failing("length", halve_length);
+    if !racy {
+        search.halve_while_failing("length", halve_length);
+    }
     let checks = story::one_minimal_checks(&mut search, length, verdict.seed);
     rename(&mut search.best, &signature, &checks);
     let minimal = search.best.clone();
