@@ -20,10 +20,11 @@ serve=$(echo "$lines" | sed -n 1p)
 python=$(echo "$lines" | sed -n 2p)
 case $role in
   prefill|decode)
-    # kv_both: either side may hold or pull; kv_buffer_device cpu: the KV cache is host memory,
-    # registered with NIXL as DRAM. The side channel is where the decode side asks the prefill
-    # side for its agent's metadata.
-    config='{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_buffer_device":"cpu"}'
+    # kv_producer (prefill: holds a prompt's KV for the decode side) or kv_consumer (decode: pulls
+    # it); kv_buffer_device cpu: the KV cache is host memory, registered with NIXL as DRAM. The
+    # side channel is where the decode side asks the prefill side for its agent's metadata.
+    kv_role=kv_producer; [ "$role" = decode ] && kv_role=kv_consumer
+    config="{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"$kv_role\",\"kv_buffer_device\":\"cpu\"}"
     # shellcheck disable=SC2086 # the serving command is words
     exec env VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT="$third" \
       $serve --host 127.0.0.1 --port "$port" --kv-transfer-config "$config";;
