@@ -48,9 +48,14 @@ async def completion(request: web.Request) -> web.StreamResponse:
     async with app["session"].post(app["decode"] + request.path, json=then) as r:
         out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get("Content-Type", "")})
         await out.prepare(request)
-        async for chunk in r.content.iter_any():
-            await out.write(chunk)
-        await out.write_eof()
+        try:
+            async for chunk in r.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+        except ConnectionResetError:
+            # The client went away (an abort): leaving this block closes the decode request,
+            # which vLLM aborts. Nothing to log: a soak aborts on purpose.
+            pass
         return out
 
 

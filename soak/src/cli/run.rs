@@ -167,6 +167,18 @@ pub fn main(a: Args) -> u8 {
     // The samples' header records what the run used.
     if target_url.is_some() && iterations.is_none() && duration.is_none() {
         s.soak = s.soak.for_target();
+        // A deployment that says how long a soak over it runs (real servers, seconds an
+        // iteration) has the last word over the scenario's target length; flags still win.
+        if let Some(l) = topology.as_ref().and_then(|t| t.soak) {
+            if !quiet {
+                eprintln!(
+                    "plateau: {} iterations, warm-up {}: the topology's [soak] (the scenario's: {}, warm-up {})",
+                    l.iterations, l.warmup_iterations, s.soak.iterations, s.soak.warmup_iterations
+                );
+            }
+            s.soak.iterations = l.iterations;
+            s.soak.warmup_iterations = l.warmup_iterations;
+        }
     }
     let planned = iterations.unwrap_or(s.soak.iterations);
     let cap = max_iterations.unwrap_or_else(|| s.soak.until_decided_cap(planned));

@@ -500,6 +500,7 @@ mod tests {
             url: "http://127.0.0.1:1".into(),
             processes: vec![topology::Process { role: "decode".into(), spawn: "x".into(), health: "tcp://x".into() }],
             ports: BTreeMap::new(),
+            soak: None,
         };
         assert!(check_role_env(&env(&[("decode:A", "1"), ("B", "2")]), Some(&t)).is_ok());
         let e = check_role_env(&env(&[("prefil:A", "1")]), Some(&t)).unwrap_err().to_string();

@@ -13,6 +13,10 @@
 //! health = "tcp://127.0.0.1:{port:prefill}"
 //! ```
 //!
+//! An optional `[soak]` table (`iterations`, `warmup_iterations`, both) is how long a soak over
+//! the deployment runs where the command line gives no length: it replaces the scenario's target
+//! length, since a deployment of real servers can take seconds an iteration.
+//!
 //! Placeholders: `{port:NAME}` a free loopback port, the same wherever NAME appears (in `url` and
 //! `health`, NAME must be some process's `port`: else a role is missing); `{inject}` the run's `--inject` flags; `{scenario}` the scenario as
 //! given; `{plateau}` this program; `{{` and `}}` are braces. Lifecycle in a run: [`load`] reads and checks the file and
@@ -36,6 +40,18 @@ struct Raw {
     url: String,
     #[serde(default, rename = "process")]
     processes: Vec<RawProcess>,
+    soak: Option<Length>,
+}
+
+/// `[soak]`: how long a soak over this deployment runs where the command line gives no length
+/// (`--iterations`, `--duration`) or warm-up (`--warmup`), in place of the scenario's target
+/// length. A deployment of real servers (vLLM's P/D pair: seconds an iteration on a small machine)
+/// sets the length that fits it; the scenario is shared with faster ones.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Length {
+    pub iterations: u64,
+    pub warmup_iterations: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,6 +79,8 @@ pub struct Topology {
     pub processes: Vec<Process>,
     /// The ports given to each name, for the run's output.
     pub ports: BTreeMap<String, u16>,
+    /// The deployment's own soak length, if it sets one.
+    pub soak: Option<Length>,
 }
 
 /// What fills a topology's placeholders besides its ports.
@@ -91,6 +109,21 @@ fn parse(raw: Raw, file: &str, fill: &Fill, port: &mut dyn FnMut() -> Result<u16
     }
     if raw.processes.len() > MAX_PROCESSES {
         return Err(format!("{file}: {} processes, more than {MAX_PROCESSES}", raw.processes.len()));
+    }
+    if let Some(l) = raw.soak {
+        if l.iterations == 0 || l.iterations > plateau_scenario::MAX_ITERATIONS {
+            return Err(format!(
+                "{file}: soak.iterations: {} is not between 1 and {}",
+                l.iterations,
+                plateau_scenario::MAX_ITERATIONS
+            ));
+        }
+        if l.warmup_iterations >= l.iterations {
+            return Err(format!(
+                "{file}: soak.warmup_iterations: {} is at or past soak.iterations ({}): nothing would be judged",
+                l.warmup_iterations, l.iterations
+            ));
+        }
     }
     let mut declared: BTreeMap<String, String> = BTreeMap::new();
     for (i, p) in raw.processes.iter().enumerate() {
@@ -154,7 +187,7 @@ fn parse(raw: Raw, file: &str, fill: &Fill, port: &mut dyn FnMut() -> Result<u16
         }
         processes.push(Process { role: p.role.clone(), spawn, health });
     }
-    Ok(Topology { url, processes, ports })
+    Ok(Topology { url, processes, ports, soak: raw.soak })
 }
 
 /// `text` with its placeholders filled (`port` gives a name's port).
@@ -237,6 +270,19 @@ health = "http://127.0.0.1:{port:proxy}/health"
             "/bin/plateau serve pd-transfer --role proxy --port 30001 --prefill 127.0.0.1:30002"
         );
         assert_eq!(t.ports, BTreeMap::from([("prefill".into(), 30002), ("proxy".into(), 30001)]));
+    }
+
+    #[test]
+    fn a_deployment_s_soak_length_is_checked() {
+        let t = load_str(&format!("{PD}[soak]\niterations = 80\nwarmup_iterations = 40\n")).unwrap();
+        assert_eq!(t.soak, Some(Length { iterations: 80, warmup_iterations: 40 }));
+        assert_eq!(load_str(PD).unwrap().soak, None);
+        let e = load_str(&format!("{PD}[soak]\niterations = 40\nwarmup_iterations = 40\n")).unwrap_err();
+        assert!(e.contains("t.toml: soak.warmup_iterations: 40 is at or past soak.iterations (40)"), "{e}");
+        let e = load_str(&format!("{PD}[soak]\niterations = 0\nwarmup_iterations = 0\n")).unwrap_err();
+        assert!(e.contains("soak.iterations: 0 is not between 1 and"), "{e}");
+        let e = load_str(&format!("{PD}[soak]\niterations = 80\n")).unwrap_err();
+        assert!(e.contains("warmup_iterations"), "a length without its warm-up: {e}");
     }
 
     #[test]
