@@ -236,11 +236,13 @@ fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
             return;
         }
         v.attribution.push(format!(
-            "replay: the profiled replay's sites (iterations {}..{}) grew {}/iteration against the run's {}/iteration over the same iterations: not within a factor of 2, so no allocation site is blamed{once} (growth.txt lists what the replay saw)",
+            "replay: the profiled replay's sites (iterations {}..{}) grew {}/iteration against the run's {}/iteration over the same iterations: not within a factor of {}, so no allocation site is blamed{once} (growth.txt lists what the replay saw)",
             g.start_iter,
             g.end_iter,
             fmt(g.replay_bytes_per_iter),
-            fmt(g.run_bytes_per_iter)
+            fmt(g.run_bytes_per_iter),
+            // A record from before the factor was recorded: plateau's engine's.
+            if g.within > 0.0 { g.within } else { 2.0 }
         ));
         return;
     }

@@ -227,6 +227,11 @@ pub struct GrowthRecord {
     pub replay_bytes_per_iter: f64,
     pub run_bytes_per_iter: f64,
     pub reproduced: bool,
+    /// The factor within which the replay's rate reproduces the run's (2 for plateau's own
+    /// engine; 4 for a server, whose pages and allocator's caching sit between the two); 0 in a
+    /// record that names no replay.
+    #[serde(default)]
+    pub within: f64,
     /// The replay's command line, for a person to run again.
     pub command: String,
     pub sites: Vec<Site>,

@@ -107,6 +107,7 @@ impl ReplaySpec<'_> {
             replay_bytes_per_iter: replay,
             run_bytes_per_iter: self.run_bytes_per_iter,
             reproduced,
+            within: REPRODUCED_WITHIN,
             command,
             // Listed either way; the verdict blames them only if the replay reproduced a failure.
             sites: g.verdict_sites(self.requests_per_iter, 5),

@@ -190,6 +190,7 @@ impl ExternalReplay<'_> {
             replay_bytes_per_iter: replay,
             run_bytes_per_iter: self.run_bytes_per_iter,
             reproduced,
+            within: REPRODUCED_WITHIN,
             command,
             sites: growth.verdict_sites(self.requests_per_iter, 5),
             grew_once: growth.once_sites(self.requests_per_iter, 3),
