@@ -166,19 +166,7 @@ pub fn main(a: Args) -> u8 {
     // (--iterations, --duration) keeps the scenario's own warm-up unless --warmup says otherwise.
     // The samples' header records what the run used.
     if target_url.is_some() && iterations.is_none() && duration.is_none() {
-        s.soak = s.soak.for_target();
-        // A deployment that says how long a soak over it runs (real servers, seconds an
-        // iteration) has the last word over the scenario's target length; flags still win.
-        if let Some(l) = topology.as_ref().and_then(|t| t.soak) {
-            if !quiet {
-                eprintln!(
-                    "plateau: {} iterations, warm-up {}: the topology's [soak] (the scenario's: {}, warm-up {})",
-                    l.iterations, l.warmup_iterations, s.soak.iterations, s.soak.warmup_iterations
-                );
-            }
-            s.soak.iterations = l.iterations;
-            s.soak.warmup_iterations = l.warmup_iterations;
-        }
+        s.soak = target_length(&s.soak, topology.as_ref().and_then(|t| t.soak), quiet);
     }
     let planned = iterations.unwrap_or(s.soak.iterations);
     let cap = max_iterations.unwrap_or_else(|| s.soak.until_decided_cap(planned));
@@ -353,6 +341,28 @@ pub fn main(a: Args) -> u8 {
 /// The arguments that shaped a run, as its replay repeats them: the scenario as given, the seed
 /// it ran with, and every flag [`Args::origin`] keeps (backend, warm-up, tolerance, timer,
 /// injections, P/D processes, the target's settings), then the target and its command.
+/// The soak section as a run against a server reads it: the scenario's target length, unless the
+/// deployment says how long a soak over it runs (real servers, seconds an iteration): that has the
+/// last word over the scenario's; flags still win over both (the caller applies them).
+fn target_length(
+    soak: &plateau_soak::scenario::SoakSection,
+    deployment: Option<plateau_soak::external::topology::Length>,
+    quiet: bool,
+) -> plateau_soak::scenario::SoakSection {
+    let mut s = soak.for_target();
+    if let Some(l) = deployment {
+        if !quiet {
+            eprintln!(
+                "plateau: {} iterations, warm-up {}: the topology's [soak] (the scenario's: {}, warm-up {})",
+                l.iterations, l.warmup_iterations, s.iterations, s.warmup_iterations
+            );
+        }
+        s.iterations = l.iterations;
+        s.warmup_iterations = l.warmup_iterations;
+    }
+    s
+}
+
 fn replay_args(scenario: &str, seed: u64, origin: &plateau_soak::shrink::Origin) -> Vec<String> {
     let mut args = vec![scenario.to_string(), "--seed".into(), seed.to_string()];
     args.extend(origin.flags.iter().cloned());

@@ -212,13 +212,7 @@ fn iterate(
         target.begin(iter);
         for (index, phase) in scenario.phases.iter().enumerate() {
             let sends = plan::phase(&mut workload, index, phase, iter, shape);
-            if let Err(e) = target.run_phase(scenario, iter, index, sends, sink) {
-                if matches!(phase, crate::scenario::Phase::Sleep(_)) && sample_refused_sleep(target, sink, iter) {
-                    // Its requests were all served and it has its quiescent point.
-                    state.done = iter;
-                }
-                return Err(e);
-            }
+            run_phase(scenario, index, sends, target, sink, state, iter)?;
             if opts.interrupt.load(Ordering::Relaxed) {
                 break;
             }
@@ -290,6 +284,25 @@ fn iterate(
         pb.finish_and_clear();
     }
     Ok(())
+}
+
+/// Runs phase `index` of iteration `iter`; a sleep the target refuses is sampled first
+/// ([`sample_refused_sleep`]), the iteration then counted as done.
+fn run_phase(
+    scenario: &Scenario,
+    index: usize,
+    sends: Vec<plan::Send>,
+    target: &mut dyn Target,
+    sink: &mut Sink,
+    state: &mut LoopState,
+    iter: u64,
+) -> Result<(), RunError> {
+    let Err(e) = target.run_phase(scenario, iter, index, sends, sink) else { return Ok(()) };
+    if matches!(scenario.phases[index], crate::scenario::Phase::Sleep(_)) && sample_refused_sleep(target, sink, iter) {
+        // Its requests were all served and it has its quiescent point.
+        state.done = iter;
+    }
+    Err(e)
 }
 
 /// A sleep phase starts with none of the run's requests in flight, so a target that refuses it

@@ -293,6 +293,18 @@ fn list(items: impl Iterator<Item = usize>) -> String {
     items.map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
 }
 
+/// The length candidate 0 replays the run at: where it ended, or, for a run that ended before its
+/// planned length with an exact-layer failure (a fuzz case stopped at it; a target that refused
+/// to go on, e.g. a sleep refused with orphans in flight), the length it planned: candidates stop
+/// at the first quiescent point that shows the failure, and against an external server when an
+/// abort lands is a race, so the replay must not be cut where the original happened to show it.
+fn replay_length(verdict: &plateau_reports::Verdict, signature: &Signature, original: &Table) -> u64 {
+    let stopped = verdict.warnings.iter().any(|w| w.contains(crate::driver::STOPPED_ON_EXACT_FAILURE))
+        || (verdict.incomplete && signature.exact);
+    let planned = features::length(original).filter(|_| stopped).unwrap_or(0);
+    verdict.iterations.max(planned).max(1)
+}
+
 /// Shrinks the failing run in `opts.run_dir` (see the module's lifecycle).
 pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkError> {
     let t0 = Instant::now();
@@ -305,15 +317,7 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
         ))
     })?;
     let original = read_scenario(&opts.run_dir, origin)?;
-    // A run that ended before its planned length with an exact-layer failure (a fuzz case stopped
-    // at it; a target that refused to go on, e.g. a sleep refused with orphans in flight) is
-    // replayed at the length it planned: candidates stop at the first quiescent point that shows
-    // the failure, and against an external server when an abort lands is a race, so the
-    // replay must not be cut at the iteration where the original happened to show it.
-    let stopped = verdict.warnings.iter().any(|w| w.contains(crate::driver::STOPPED_ON_EXACT_FAILURE))
-        || (verdict.incomplete && signature.exact);
-    let planned = features::length(&original).filter(|_| stopped).unwrap_or(0);
-    let length = verdict.iterations.max(planned).max(1);
+    let length = replay_length(&verdict, &signature, &original);
     let start = features::with_length(&original, length, verdict.seed);
     std::fs::create_dir_all(&opts.out_dir)
         .map_err(|e| ShrinkError::Input(format!("--out {}: {e}", opts.out_dir.display())))?;
@@ -365,10 +369,9 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
         let l = features::length(doc)?;
         (l / 2 >= floor).then(|| features::with_length(doc, l / 2, verdict.seed))
     };
-    // Against an external server, whether an exact-layer failure shows within a few iterations
-    // is a race (when an abort lands against the server's steps): a candidate cut to the length
-    // where one replay happened to show it would pass by luck and keep what the leak does not
-    // need. Its length stays as planned; a candidate that fails stops at its first showing anyway.
+    // Against an external server when an abort lands is a race: a candidate cut to where one replay
+    // happened to show an exact-layer failure would pass by luck and keep what the leak does not
+    // need, so its length stays as planned (a failing candidate stops at its first showing anyway).
     let racy = signature.exact && origin.target.is_some();
     if signature.exact && !racy {
         search.halve_while_failing("length", halve_length);
