@@ -6,7 +6,7 @@ use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use plateau_reports::Samples;
-use plateau_soak::detector::{analyze, DetectorConfig};
+use plateau_soak::detector::judge;
 use plateau_soak::history::show::{html, markdown, ShowFilter};
 use plateau_soak::history::store::{add, RunRecord};
 
@@ -31,7 +31,7 @@ fn night(k: u64) -> RunRecord {
         t.push_str(&format!("{{\"t\":{i},\"iter\":{i},\"quiescent\":true,\"values\":{{{}}}}}\n", values.join(",")));
     }
     let samples = Samples::parse(t.as_bytes(), Path::new("bench.jsonl")).unwrap();
-    let verdict = analyze(&samples, &DetectorConfig::default(), None);
+    let verdict = judge(&samples).expect("the bench's samples read");
     RunRecord {
         dir: format!("runs/night-{k}").into(),
         samples_sha256: format!("{k:064x}"),

@@ -192,7 +192,7 @@ pub fn differing(s: &Samples, asked: &Overrides) -> Result<Overrides, String> {
 /// Names, for the heap metric a profiled replay explained, the allocation sites of its growth; or
 /// says plainly that the replay did not reproduce it.
 fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
-    let fmt = |b: f64| crate::detector::gauge::fmt_value(b, "bytes");
+    let fmt = |b: f64| crate::detector::series::fmt_value(b, "bytes");
     if let Some(why) = &g.note {
         v.attribution.push(format!("where: {}: {why}", g.metric));
         return;

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use plateau_reports::{Status, Verdict};
 
-use crate::detector::gauge::fmt_value;
+use crate::detector::series::fmt_value;
 use crate::heapprof::GrowthRecord;
 
 /// The story of the run in `dir` and the verdict it tells, or what is missing to tell it.

@@ -14,7 +14,7 @@ use std::time::Instant;
 use plateau_reports::ci::Check;
 use plateau_reports::{Status, Verdict};
 
-use crate::detector::gauge::fmt_value;
+use crate::detector::series::fmt_value;
 
 pub struct Case {
     pub scenario: &'static str,

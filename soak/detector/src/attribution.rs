@@ -5,7 +5,7 @@
 
 use plateau_reports::{Kind, MetricVerdict, Samples, Status};
 
-use super::gauge::fmt_value;
+use super::series::fmt_value;
 use super::stats::{mann_kendall, theil_sen};
 use super::DetectorConfig;
 

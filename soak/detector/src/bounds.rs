@@ -13,7 +13,7 @@
 
 use plateau_reports::{MetricVerdict, Samples, Status};
 
-use super::gauge::fmt_value;
+use super::series::fmt_value;
 
 /// The gauge that bounds `name`, as the header declares it.
 pub fn bound_of(s: &Samples, name: &str) -> Option<String> {

@@ -35,7 +35,8 @@ use plateau_reports::{Header, Kind, MetricSpec, Samples, SAMPLES_SCHEMA};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
-use crate::{analyze, DetectorConfig, Tolerance};
+use crate::verdict::analyze;
+use crate::{DetectorConfig, Tolerance};
 
 pub const LENGTHS: [u64; 3] = [60, 200, 500];
 pub const SEEDS: [u64; 3] = [1, 2, 3];

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use plateau_reports::Evidence;
 
-use super::{attribution, gauge, live_heap, overhead, power, release, stats, steps, DetectorConfig};
+use super::{attribution, levelling, live_heap, overhead, power, release, series, stats, steps, DetectorConfig};
 
 /// This detector: `plateau-detector VERSION+SOURCE_SHA256` (the hash's first 16 hex digits).
 pub fn version() -> String {
@@ -17,14 +17,14 @@ pub fn version() -> String {
 /// The constants of the rules, by `module::NAME` (each has its reason beside it in the source).
 pub fn constants() -> BTreeMap<String, f64> {
     [
-        ("gauge::MIN_QUANTA", gauge::MIN_QUANTA),
-        ("gauge::MIN_TAIL_QUANTA", gauge::MIN_TAIL_QUANTA),
-        ("gauge::NOISE_SCALES", gauge::NOISE_SCALES),
-        ("gauge::DECAY_FRACTION", gauge::DECAY_FRACTION),
-        ("gauge::HALVING_RATIO", gauge::HALVING_RATIO),
-        ("gauge::MIN_SIDE", gauge::MIN_SIDE as f64),
-        ("gauge::MIN_SIDE_AFTER_STEP", gauge::MIN_SIDE_AFTER_STEP as f64),
-        ("gauge::LEVEL_FRACTION", gauge::LEVEL_FRACTION),
+        ("series::MIN_QUANTA", series::MIN_QUANTA),
+        ("series::MIN_TAIL_QUANTA", series::MIN_TAIL_QUANTA),
+        ("series::NOISE_SCALES", series::NOISE_SCALES),
+        ("levelling::DECAY_FRACTION", levelling::DECAY_FRACTION),
+        ("levelling::HALVING_RATIO", levelling::HALVING_RATIO),
+        ("levelling::MIN_SIDE", levelling::MIN_SIDE as f64),
+        ("levelling::MIN_SIDE_AFTER_STEP", levelling::MIN_SIDE_AFTER_STEP as f64),
+        ("levelling::LEVEL_FRACTION", levelling::LEVEL_FRACTION),
         ("overhead::SLOWING_RATIO", overhead::SLOWING_RATIO),
         ("overhead::MIN_HALF_POINTS", overhead::MIN_HALF_POINTS as f64),
         ("overhead::MIN_RATIO_QUANTA", overhead::MIN_RATIO_QUANTA),

@@ -5,7 +5,8 @@
 
 use plateau_reports::{EndState, RunEnd, Samples, Status, Verdict};
 
-use super::{analyze, evidence, warmup_rule, DetectorConfig, LiveHeap, Per, Tolerance};
+use super::verdict::analyze;
+use super::{evidence, warmup_rule, DetectorConfig, LiveHeap, Per, Tolerance};
 
 /// How a verdict's warning marks a run that `--stop-on-exact-failure` ended before its planned
 /// length (a shrink replays such a run at the length it planned).

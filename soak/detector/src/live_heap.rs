@@ -15,7 +15,7 @@
 
 use plateau_reports::{MetricVerdict, Samples, Status};
 
-use super::gauge::{fmt_value, longer};
+use super::series::{fmt_value, longer};
 use super::stats::median;
 use super::DetectorConfig;
 

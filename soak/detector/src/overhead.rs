@@ -47,8 +47,9 @@
 
 use plateau_reports::{MetricVerdict, Samples, Status};
 
-use super::gauge::{fmt_value, judge, round_up_50, Series};
+use super::series::{fmt_value, round_up_50, Series};
 use super::stats::median;
+use super::trend::judge;
 use super::DetectorConfig;
 
 /// Since the heap settled, a second half that rises at under this fraction of the first half's

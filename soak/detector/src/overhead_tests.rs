@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use plateau_reports::{Kind, MetricSpec, MetricVerdict, Samples, Status};
 
 use super::tests::samples_of;
-use super::{analyze, DetectorConfig};
+use super::verdict::analyze;
+use super::DetectorConfig;
 
 const N: u64 = 200;
 const MIB: f64 = 1024.0 * 1024.0;

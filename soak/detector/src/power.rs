@@ -4,8 +4,9 @@
 
 use plateau_reports::Status;
 
-use super::gauge::{judge, Series, MIN_QUANTA};
+use super::series::{Series, MIN_QUANTA};
 use super::steps::staircase;
+use super::trend::judge;
 use super::DetectorConfig;
 
 /// Steps tried when searching for the resolution: doubling from the first guess, then halving

@@ -16,7 +16,7 @@
 
 use plateau_reports::Status;
 
-use super::gauge::{fmt_value, round_up_50, Judgement, Series, MIN_QUANTA, NOISE_SCALES};
+use super::series::{fmt_value, round_up_50, Judgement, Series, MIN_QUANTA, NOISE_SCALES};
 use super::stats::{mad_scale, mann_kendall, median, theil_sen};
 use super::steps::{step_noise, STEP_NOISE_SCALES};
 use super::DetectorConfig;
@@ -199,9 +199,9 @@ pub fn judge_released(r: &Releases, s: &Series, cfg: &DetectorConfig, base: Judg
     }
 }
 
-/// `j` with another status and reason.
+/// `j` with another status and reason, decided by the floors.
 fn with(j: Judgement, status: Status, reason: String) -> Judgement {
-    Judgement { status, reason, ..j }
+    Judgement { status, reason, rule: "released-floors", ..j }
 }
 
 #[cfg(test)]

@@ -235,7 +235,7 @@ impl Staircase {
     /// [`OVERDUE`] gaps, rounded up to a multiple of 50.
     pub fn length_needed(&self) -> u64 {
         let want = self.last_event() + OVERDUE * self.next_gap();
-        super::gauge::round_up_50(want)
+        super::series::round_up_50(want)
     }
 
     /// "3 steps at 45, 90, 180 (widening spacing)".

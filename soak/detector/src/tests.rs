@@ -2,7 +2,8 @@ use std::collections::BTreeMap;
 
 use plateau_reports::{Header, Kind, MetricSpec, Row, Samples, Status, SAMPLES_SCHEMA};
 
-use super::{analyze, DetectorConfig};
+use super::verdict::analyze;
+use super::DetectorConfig;
 
 /// Samples of the gauges in `metrics`, a quiescent row per iteration 1..=n, one per 0.05 s, with
 /// `value(name, iteration)` for each.
@@ -43,7 +44,7 @@ fn jitter(i: u64, amp: f64) -> f64 {
 /// Jitter in [-amp, amp] that looks like noise to the step detector too. [`jitter`] moves by one
 /// of two differences from sample to sample (`i * 761 mod 1000`), so the spread of successive
 /// differences is zero and every wiggle reads as a step of its own.
-fn noise(i: u64, amp: f64) -> f64 {
+pub(crate) fn noise(i: u64, amp: f64) -> f64 {
     let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -411,11 +412,11 @@ fn the_resolution_of_an_undecided_staircase_is_its_noise_s_not_its_distance_to_s
         .iter()
         .map(|&i| BASE + 1048576.0 * ((i >= 60.0) as u64 + 2 * (i >= 150.0) as u64) as f64 + noise(i as u64, 3000.0))
         .collect();
-    let series = |y| crate::gauge::Series { x: &x, y, unit: "bytes", quantum: 1.0, tolerance_per_iter: 0.0 };
-    let j = crate::gauge::judge(&series(&stairs), &cfg);
+    let series = |y| crate::series::Series { x: &x, y, unit: "bytes", quantum: 1.0, tolerance_per_iter: 0.0 };
+    let j = crate::trend::judge(&series(&stairs), &cfg);
     assert_ne!(j.status, Status::Pass, "{}", j.reason);
-    let of_stairs = crate::gauge::resolution(&series(&stairs), j.slope, false, &cfg);
-    let of_flat = crate::gauge::resolution(&series(&flat), 0.0, true, &cfg);
+    let of_stairs = crate::power::resolution(&series(&stairs), j.slope, false, &cfg);
+    let of_flat = crate::power::resolution(&series(&flat), 0.0, true, &cfg);
     assert!(of_stairs > 0.5 * of_flat && of_stairs < 2.0 * of_flat, "stairs {of_stairs}, flat {of_flat}");
 }
 
@@ -501,10 +502,10 @@ fn a_fill_whose_rate_halves_each_quarter_passes_and_square_root_growth_does_not(
     let filling: Vec<f64> =
         x.iter().map(|&i| BASE - 40_000.0 * 0.92f64.powf(i - 20.0) + noise(i as u64, 16.0)).collect();
     let root: Vec<f64> = x.iter().map(|&i| BASE + 8_000.0 * (i - 20.0).sqrt() + noise(i as u64, 16.0)).collect();
-    let series = |y| crate::gauge::Series { x: &x, y, unit: "bytes", quantum: 16.0, tolerance_per_iter: 0.0 };
-    let fill = crate::gauge::judge(&series(&filling), &cfg);
+    let series = |y| crate::series::Series { x: &x, y, unit: "bytes", quantum: 16.0, tolerance_per_iter: 0.0 };
+    let fill = crate::trend::judge(&series(&filling), &cfg);
     assert_eq!(fill.status, Status::Pass, "{}", fill.reason);
     assert!(fill.reason.contains("a fill approaching its bound"), "{}", fill.reason);
-    let leak = crate::gauge::judge(&series(&root), &cfg);
+    let leak = crate::trend::judge(&series(&root), &cfg);
     assert_eq!(leak.status, Status::Fail, "{}", leak.reason);
 }

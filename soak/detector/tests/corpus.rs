@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use plateau_detector::corpus::{cases, csv, Label, LENGTHS};
-use plateau_detector::{analyze, DetectorConfig};
+use plateau_detector::judge;
 use plateau_reports::Status;
 
 #[test]
@@ -27,9 +27,8 @@ fn recall_is_total_and_false_alarms_are_zero() {
     let mut wrong = Vec::new();
     for c in &cases {
         let s = c.samples();
-        let cfg =
-            DetectorConfig { warmup_iterations: s.header.warmup_iterations.unwrap_or(20), ..DetectorConfig::default() };
-        let v = analyze(&s, &cfg, None);
+        // The one judge: the warm-up and tolerance the case's header records, else the defaults.
+        let v = judge(&s).expect("a corpus case reads");
         let m = &v.metrics[0];
         let right = match c.label {
             Label::Leak => m.status == Status::Fail,

@@ -296,7 +296,7 @@ pub fn write_files(dir: &Path, g: &Growth, requests_per_iter: Option<f64>, comma
 }
 
 fn fmt_bytes(v: f64) -> String {
-    plateau_detector::gauge::fmt_value(v, "bytes")
+    plateau_detector::series::fmt_value(v, "bytes")
 }
 
 /// The top growing stacks, one block each: the rate, then the project's frames, then how many
