@@ -55,7 +55,7 @@ fn a_verdict_records_its_samples_hash_and_every_setting_and_a_changed_run_is_jud
     assert_eq!(e["settings"]["tolerance"], v["tolerance"], "{e}");
     assert!(matches!(e["settings"]["tolerance_from"].as_str(), Some("header" | "default")), "{e}");
     assert_eq!(e["settings"]["warmup_iterations"], "20", "{e}");
-    assert!(e["constants"]["gauge::MIN_QUANTA"].is_number(), "{e}");
+    assert!(e["constants"]["series::MIN_QUANTA"].is_number(), "{e}");
     // Read as it is: the recorded verdict, nothing said.
     let o = plateau(&["report", s(&d)]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
