@@ -15,7 +15,7 @@ use crate::metrics::{self, Counters, IdleViolation, Sources};
 use crate::model::backend::Backend;
 use crate::model::config::ModelConfig;
 use crate::model_runner::ModelRunner;
-use crate::multimodal::encoder_cache::EncoderCache;
+use crate::encoder_cache::EncoderCache;
 use crate::output::{Ctx, OutputProcessor};
 use crate::pd::{KvConnector, Role};
 use crate::registry::{Metric, Registries};

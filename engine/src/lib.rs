@@ -9,6 +9,7 @@
 mod admission;
 pub mod block_pool;
 pub mod config;
+pub mod encoder_cache;
 pub mod engine;
 pub mod error;
 pub mod inject;

@@ -5,7 +5,7 @@
 
 use crate::kv_manager::KvManager;
 use crate::model::backend::Backend;
-use crate::multimodal::encoder_cache::EncoderCache;
+use crate::encoder_cache::EncoderCache;
 use crate::registry::{Metric, MetricKind, Registries};
 
 /// Monotonic counts, reported as `engine.*` counters.

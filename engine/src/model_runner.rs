@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::kv_manager::{BlockCopy, KvManager};
 use crate::model::backend::{Backend, ForwardBatch, SeqChunk};
 use crate::model::weights::WeightSource;
-use crate::multimodal::encoder_cache::EncoderCache;
+use crate::encoder_cache::EncoderCache;
 use crate::scheduler::{Chunk, EncodeJob};
 use crate::store::RequestStore;
 

@@ -14,7 +14,7 @@
 use crate::inject::{Injection, Injections};
 use crate::kv_manager::{KvManager, SeqId};
 use crate::metrics::Counters;
-use crate::multimodal::encoder_cache::EncoderCache;
+use crate::encoder_cache::EncoderCache;
 use crate::pd::{KvConnector, Role};
 use crate::plant::Garden;
 use crate::registry::{MetricKind, Registries, TrackedQueue};

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use crate::kv_manager::{BlockCopy, KvManager, SeqId};
-use crate::multimodal::encoder_cache::EncoderCache;
+use crate::encoder_cache::EncoderCache;
 use crate::multimodal::image::PixelTensor;
 use crate::registry::{MetricKind, Registries, TrackedQueue};
 use crate::request::RequestId;

@@ -55,7 +55,7 @@ pub(crate) struct ReqState {
     pub error: Option<String>,
     pub images: Vec<ImageItem>,
     /// Decode side of a disaggregated request: where its prompt's KV comes from.
-    pub remote: Option<crate::pd::Remote>,
+    pub remote: Option<Remote>,
 }
 
 impl ReqState {
@@ -133,4 +133,12 @@ impl RequestStore {
             r.error = Some(error);
         }
     }
+}
+
+/// The decode side's view of a request whose prompt's KV another instance computed: where to pull
+/// it from, and whether the pull is under way (the P/D connector, `pd/connector.rs`, drives it).
+#[derive(Debug, Clone)]
+pub(crate) struct Remote {
+    pub params: crate::request::TransferParams,
+    pub pulling: bool,
 }

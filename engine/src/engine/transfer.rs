@@ -8,7 +8,8 @@ use super::Engine;
 use crate::admission;
 use crate::block_pool::BlockId;
 use crate::error::{EngineError, Result};
-use crate::pd::{Notice, PullOrder, Remote, Role, TransferParams};
+use crate::pd::{Notice, PullOrder, Role, TransferParams};
+use crate::store::Remote;
 use crate::request::{FinishReason, Request, RequestId};
 use crate::store::ReqState;
 

@@ -54,13 +54,6 @@ pub enum Notice {
     Aborted { engine_id: u32, request: RequestId, handle: u64 },
 }
 
-/// The decode side's view of a remote request.
-#[derive(Debug, Clone)]
-pub(crate) struct Remote {
-    pub params: TransferParams,
-    pub pulling: bool,
-}
-
 /// Whether a request's first token, sampled on the prefill side, already ends it: then the router
 /// releases the held KV instead of forwarding the request to a decode side.
 pub fn ends_at_first_token(p: &crate::request::SamplingParams, first_token: u32) -> bool {

@@ -124,4 +124,6 @@ pub(crate) fn blank(name: &str, spec: &MetricSpec, status: Status, reason: Strin
 #[cfg(test)]
 mod overhead_tests;
 #[cfg(test)]
+mod test_noise;
+#[cfg(test)]
 mod tests;

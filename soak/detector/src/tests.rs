@@ -2,6 +2,7 @@ use std::collections::BTreeMap;
 
 use plateau_reports::{Header, Kind, MetricSpec, Row, Samples, Status, SAMPLES_SCHEMA};
 
+use super::test_noise::noise;
 use super::verdict::analyze;
 use super::DetectorConfig;
 
@@ -39,17 +40,6 @@ fn gauge(n: u64, f: impl Fn(u64) -> f64) -> Samples {
 /// Deterministic jitter in [-amp, amp].
 fn jitter(i: u64, amp: f64) -> f64 {
     (((i * 2_654_435_761) % 1000) as f64 / 999.0 * 2.0 - 1.0) * amp
-}
-
-/// Jitter in [-amp, amp] that looks like noise to the step detector too. [`jitter`] moves by one
-/// of two differences from sample to sample (`i * 761 mod 1000`), so the spread of successive
-/// differences is zero and every wiggle reads as a step of its own.
-pub(crate) fn noise(i: u64, amp: f64) -> f64 {
-    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    ((z % 1_000_001) as f64 / 1_000_000.0 * 2.0 - 1.0) * amp
 }
 
 fn status(s: &Samples) -> Status {

@@ -469,7 +469,7 @@ fn undecided_steps(st: &Staircase, unit: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tests::noise;
+    use crate::test_noise::noise;
 
     /// The rule that decides `f` over iterations 21..=200 (a default run after its warm-up).
     fn rule_of(f: impl Fn(f64) -> f64, quantum: f64, tolerance_per_iter: f64) -> (&'static str, Status, String) {

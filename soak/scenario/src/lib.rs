@@ -16,6 +16,7 @@ mod metric_spec;
 mod phases;
 mod photo;
 mod sections;
+mod seeds;
 mod validate;
 pub mod workload;
 

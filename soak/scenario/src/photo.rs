@@ -7,7 +7,7 @@
 
 use rand_core::RngCore;
 
-use crate::workload::rng_for;
+use crate::seeds::rng_for;
 
 /// A blob: its colour, centre, and squared radius.
 struct Blob {

@@ -5,18 +5,15 @@
 use plateau_engine::tokenizer::{encode, BOS, BYTE_OFFSET};
 use plateau_engine::{Request, SamplingParams};
 use rand_chacha::ChaCha8Rng;
-use rand_core::{RngCore, SeedableRng};
+use rand_core::RngCore;
 
 use std::collections::BTreeMap;
 
 use plateau_engine::ImageInput;
 
 pub use crate::photo::photo;
+pub use crate::seeds::rng_for;
 use crate::{Batch, ImageFormatSpec, ImageSpec, Pressure};
-
-pub fn rng_for(parts: &[u64]) -> ChaCha8Rng {
-    ChaCha8Rng::seed_from_u64(plateau_engine::stable_hash::StableHasher::new().u64s(parts).finish())
-}
 
 /// Seeded byte tokens.
 fn random_tokens(rng: &mut ChaCha8Rng, n: usize) -> Vec<u32> {
