@@ -183,13 +183,17 @@ pub fn prepare_out_dir(opts: &RunOptions) -> Result<(), RunError> {
     Ok(())
 }
 
+/// What kind of program each process of a deployment is, by role (written at the end of a
+/// `--topology` run, as `server.json` is for the one server of `--spawn`).
+pub const SERVERS_FILE: &str = "servers.json";
+
 /// What a run writes beside its samples, read back when the run is judged: left in the directory
 /// by an earlier run, any of them would be read as this run's (an earlier interrupted verdict, an
 /// earlier replay's growth sites).
 const RUN_OUTPUTS: [&str; 15] = [
     "report.html",
     "server.json",
-    crate::external::profile::SERVERS_FILE,
+    SERVERS_FILE,
     "triggers.json",
     "verdict.json",
     "mappings.json",

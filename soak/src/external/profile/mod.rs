@@ -31,9 +31,7 @@ use std::process::Command;
 use crate::heapprof::{write_files, Growth, GrowthRecord};
 pub use kind::{classify, ServerKind};
 
-/// What kind of program each process of a deployment is, by role (written at the end of a
-/// `--topology` run, as `server.json` is for the one server of `--spawn`).
-pub const SERVERS_FILE: &str = "servers.json";
+pub use crate::driver::SERVERS_FILE;
 
 /// The environment variable that tells plateau's dump trigger, preloaded into a native server,
 /// where plateau asks for dumps.
