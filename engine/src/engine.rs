@@ -9,13 +9,13 @@
 
 use crate::admission::{self, Limits};
 use crate::config::EngineConfig;
+use crate::encoder_cache::EncoderCache;
 use crate::error::Result;
 use crate::kv_manager::KvManager;
 use crate::metrics::{self, Counters, IdleViolation, Sources};
 use crate::model::backend::Backend;
 use crate::model::config::ModelConfig;
 use crate::model_runner::ModelRunner;
-use crate::encoder_cache::EncoderCache;
 use crate::output::{Ctx, OutputProcessor};
 use crate::pd::{KvConnector, Role};
 use crate::registry::{Metric, Registries};

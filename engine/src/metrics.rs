@@ -3,9 +3,9 @@
 //! is in flight: every per-request registry empty, every bounded one within its capacity, the KV
 //! pool's accounting whole, every request added ended exactly once).
 
+use crate::encoder_cache::EncoderCache;
 use crate::kv_manager::KvManager;
 use crate::model::backend::Backend;
-use crate::encoder_cache::EncoderCache;
 use crate::registry::{Metric, MetricKind, Registries};
 
 /// Monotonic counts, reported as `engine.*` counters.

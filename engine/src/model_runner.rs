@@ -7,11 +7,11 @@
 //! Sleep level 1 releases the KV pool, level 2 the weights too; wake restores them.
 
 use crate::block_pool::BlockId;
+use crate::encoder_cache::EncoderCache;
 use crate::error::Result;
 use crate::kv_manager::{BlockCopy, KvManager};
 use crate::model::backend::{Backend, ForwardBatch, SeqChunk};
 use crate::model::weights::WeightSource;
-use crate::encoder_cache::EncoderCache;
 use crate::scheduler::{Chunk, EncodeJob};
 use crate::store::RequestStore;
 

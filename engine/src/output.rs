@@ -11,10 +11,10 @@
 //! Sequences that ended or started here leave or join the scheduler's queues when the engine
 //! takes `ended` and `started` after each call.
 
+use crate::encoder_cache::EncoderCache;
 use crate::inject::{Injection, Injections};
 use crate::kv_manager::{KvManager, SeqId};
 use crate::metrics::Counters;
-use crate::encoder_cache::EncoderCache;
 use crate::pd::{KvConnector, Role};
 use crate::plant::Garden;
 use crate::registry::{MetricKind, Registries, TrackedQueue};

@@ -16,8 +16,8 @@
 
 use std::sync::Arc;
 
-use crate::kv_manager::{BlockCopy, KvManager, SeqId};
 use crate::encoder_cache::EncoderCache;
+use crate::kv_manager::{BlockCopy, KvManager, SeqId};
 use crate::multimodal::image::PixelTensor;
 use crate::registry::{MetricKind, Registries, TrackedQueue};
 use crate::request::RequestId;

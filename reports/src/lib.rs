@@ -6,6 +6,7 @@
 pub mod ci;
 pub mod env;
 pub mod figures;
+pub mod fsutil;
 #[cfg(feature = "render")]
 pub mod html;
 mod lines;

@@ -5,6 +5,8 @@
 
 pub use plateau_detector as detector;
 pub use plateau_detector::corpus;
+pub use plateau_probes::{arena, base_blocks, extents, mappings, probes, system};
+pub use plateau_reports::fsutil;
 pub use plateau_scenario as scenario;
 pub use plateau_scenario::workload;
 
@@ -27,22 +29,15 @@ unsafe impl Sync for ConfPtr {}
 pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
 pub mod analysis;
-pub mod arena;
-pub mod base_blocks;
 pub mod bisect;
 pub mod driver;
 pub mod environment;
 pub mod explain;
-pub mod extents;
 pub mod external;
-pub mod fsutil;
 pub mod heapprof;
 pub mod history;
-pub mod mappings;
 pub mod pd;
-pub mod probes;
 pub mod selftest;
 pub mod serve;
 pub mod shrink;
-pub mod system;
 pub mod triggers;

@@ -9,8 +9,8 @@ use crate::admission;
 use crate::block_pool::BlockId;
 use crate::error::{EngineError, Result};
 use crate::pd::{Notice, PullOrder, Role, TransferParams};
-use crate::store::Remote;
 use crate::request::{FinishReason, Request, RequestId};
+use crate::store::Remote;
 use crate::store::ReqState;
 
 impl Engine {

@@ -121,7 +121,7 @@ fn header(mem: &std::fs::File, addr: usize) -> Option<(usize, usize)> {
 
 /// Maps `len` bytes of private anonymous memory for a test; the caller unmaps them.
 #[cfg(test)]
-pub(crate) fn map_anonymous(len: usize) -> *mut libc::c_void {
+pub fn map_anonymous(len: usize) -> *mut libc::c_void {
     // SAFETY: a fresh anonymous private mapping at an address the kernel picks.
     let p = unsafe {
         libc::mmap(

@@ -320,14 +320,14 @@ fn name_grown_in(snap: &Snapshots, role: Option<&str>, v: &mut Verdict) {
     let grown = snap.grown();
     let Some(g) = grown.first() else { return };
     let iters = snap.end_iter.saturating_sub(snap.start_iter).max(1) as f64;
-    let fmt = |b: f64| crate::detector::series::fmt_value(b, "bytes");
+    let fmt = |b: f64| plateau_reports::figures::fmt_value(b, "bytes");
     let total: u64 = grown.iter().map(|g| g.grown_bytes).sum();
     let name = format!("{} {} mapping {:#x}-{:#x}", g.name, g.perms, g.start, g.end);
     let own = snap.own_growth();
     let sites: Vec<Site> = own
         .iter()
         .map(|a| Site {
-            function: crate::fsutil::source_function(&a.file, a.line),
+            function: plateau_reports::fsutil::source_function(&a.file, a.line),
             file: a.file.clone(),
             line: a.line,
             bytes_per_iter: Some(a.bytes as f64 / iters),

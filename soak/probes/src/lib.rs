@@ -1,0 +1,19 @@
+//! plateau-probes: what plateau reads of a process, its own or a server's. Each sample is a set of
+//! named values the driver writes into samples.jsonl; nothing here judges them.
+//!
+//! - `probes.rs`: jemalloc's statistics (settled on request: purged, thread caches flushed), the
+//!   kernel's `/proc` view (RSS by kind, page tables, descriptors, threads) and the engine's
+//!   registries, each as a metric the samples header declares;
+//! - `arena.rs`: the harness's own allocations kept in an arena of their own, so that what the
+//!   harness allocates never reads as the engine's growth (the binary installs its allocator);
+//! - `extents.rs` and `base_blocks.rs`: the address ranges jemalloc maps, recorded by extent hooks,
+//!   so that anonymous memory outside the allocator can be told from its own;
+//! - `mappings.rs`: a process's mappings grouped by what backs them, and their growth over a run;
+//! - `system.rs`: the system under test as the driver samples it (one engine, a P/D pair).
+
+pub mod arena;
+pub mod base_blocks;
+pub mod extents;
+pub mod mappings;
+pub mod probes;
+pub mod system;
