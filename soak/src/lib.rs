@@ -3,9 +3,11 @@
 //! the workload generator are `plateau-scenario`'s, the detector `plateau-detector`'s (re-exported
 //! here).
 
+pub use plateau_bisect as bisect;
 pub use plateau_detector as detector;
 pub use plateau_detector::corpus;
 pub use plateau_probes::{arena, base_blocks, extents, mappings, probes, system};
+pub use plateau_profile as heapprof;
 pub use plateau_reports::fsutil;
 pub use plateau_scenario as scenario;
 pub use plateau_scenario::workload;
@@ -29,12 +31,10 @@ unsafe impl Sync for ConfPtr {}
 pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
 pub mod analysis;
-pub mod bisect;
 pub mod driver;
 pub mod environment;
 pub mod explain;
 pub mod external;
-pub mod heapprof;
 pub mod history;
 pub mod pd;
 pub mod selftest;

@@ -177,7 +177,7 @@ pub fn profile(stacks: &[Stack], binary: &str, comment: &str) -> Profile {
 pub fn write(path: &std::path::Path, p: &Profile) -> std::io::Result<()> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(&p.encode_to_vec())?;
-    crate::fsutil::write_atomic(path, &gz.finish()?)
+    plateau_reports::fsutil::write_atomic(path, &gz.finish()?)
 }
 
 /// Reads a gzipped profile back (tests, `plateau explain`).

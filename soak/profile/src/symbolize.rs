@@ -191,6 +191,6 @@ mod tests {
         let frames = s.frames(addr);
         let last = frames.last().unwrap();
         assert!(last.function.contains("frames_of_this_binary"), "{frames:?}");
-        assert_eq!(last.file.as_deref(), Some("soak/src/heapprof/symbolize.rs"), "{frames:?}");
+        assert_eq!(last.file.as_deref(), Some("soak/profile/src/symbolize.rs"), "{frames:?}");
     }
 }

@@ -367,7 +367,7 @@ fn free_port() -> Result<u16, String> {
 fn write_outputs(o: &BisectOptions, top: &Path, r: &Report) -> Result<(), String> {
     let put = |name: &str, text: String| {
         let p = o.out.join(name);
-        crate::fsutil::write_atomic(&p, text.as_bytes()).map_err(|e| format!("{}: {e}", p.display()))
+        plateau_reports::fsutil::write_atomic(&p, text.as_bytes()).map_err(|e| format!("{}: {e}", p.display()))
     };
     put("bisect.json", serde_json::to_string_pretty(r).map_err(|e| e.to_string())? + "\n")?;
     put("story.md", story(top, r))?;

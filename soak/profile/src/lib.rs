@@ -260,14 +260,14 @@ pub struct GrowthRecord {
 pub fn write_record(dir: &Path, record: &GrowthRecord) -> Result<(), String> {
     let path = dir.join("growth.json");
     let json = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
-    crate::fsutil::write_atomic(&path, &json).map_err(|e| format!("{}: {e}", path.display()))
+    plateau_reports::fsutil::write_atomic(&path, &json).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Writes growth.txt, growth.pb.gz and growth.svg into `dir`.
 pub fn write_files(dir: &Path, g: &Growth, requests_per_iter: Option<f64>, command: &str) -> Result<(), String> {
     let io = |p: &str, e: std::io::Error| format!("{}: {e}", dir.join(p).display());
     let txt = growth_text(g, requests_per_iter, command);
-    crate::fsutil::write_atomic(&dir.join("growth.txt"), txt.as_bytes()).map_err(|e| io("growth.txt", e))?;
+    plateau_reports::fsutil::write_atomic(&dir.join("growth.txt"), txt.as_bytes()).map_err(|e| io("growth.txt", e))?;
     // The allocator's and the profiler's own frames (innermost) would take every byte's `flat`
     // share in pprof: each stack starts at its first frame past them.
     let stacks: Vec<pprof::Stack> = g
@@ -292,11 +292,11 @@ pub fn write_files(dir: &Path, g: &Growth, requests_per_iter: Option<f64>, comma
     let profile = pprof::profile(&stacks, &g.binary, &comment);
     pprof::write(&dir.join("growth.pb.gz"), &profile).map_err(|e| io("growth.pb.gz", e))?;
     let svg = flamegraph(g).map_err(|e| io("growth.svg", e))?;
-    crate::fsutil::write_atomic(&dir.join("growth.svg"), &svg).map_err(|e| io("growth.svg", e))
+    plateau_reports::fsutil::write_atomic(&dir.join("growth.svg"), &svg).map_err(|e| io("growth.svg", e))
 }
 
 fn fmt_bytes(v: f64) -> String {
-    plateau_detector::series::fmt_value(v, "bytes")
+    plateau_reports::figures::fmt_value(v, "bytes")
 }
 
 /// The top growing stacks, one block each: the rate, then the project's frames, then how many
