@@ -3,6 +3,8 @@
 //! the workload generator are `plateau-scenario`'s, the detector `plateau-detector`'s (re-exported
 //! here).
 
+pub use plateau_analysis as analysis;
+pub use plateau_analysis::explain;
 pub use plateau_bisect as bisect;
 pub use plateau_detector as detector;
 pub use plateau_detector::corpus;
@@ -30,10 +32,8 @@ unsafe impl Sync for ConfPtr {}
 #[export_name = "malloc_conf"]
 pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
-pub mod analysis;
 pub mod driver;
 pub mod environment;
-pub mod explain;
 pub mod external;
 pub mod history;
 pub mod pd;

@@ -7,15 +7,16 @@ use std::path::Path;
 
 use plateau_reports::{Status, Verdict};
 
-use crate::detector::series::fmt_value;
-use crate::heapprof::GrowthRecord;
+use plateau_detector::series::fmt_value;
+use plateau_profile::GrowthRecord;
 
 /// The story of the run in `dir` and the verdict it tells, or what is missing to tell it.
 pub fn explain(dir: &Path) -> Result<(String, Verdict), String> {
-    let run = crate::analysis::load_run(dir)?;
+    let run = crate::load_run(dir)?;
     let (samples, v) = (run.samples, run.verdict);
-    let growth: Option<GrowthRecord> = crate::fsutil::read_run_json(&dir.join("growth.json"));
-    let environment: Option<plateau_reports::Environment> = crate::fsutil::read_run_json(&dir.join("environment.json"));
+    let growth: Option<GrowthRecord> = plateau_reports::fsutil::read_run_json(&dir.join("growth.json"));
+    let environment: Option<plateau_reports::Environment> =
+        plateau_reports::fsutil::read_run_json(&dir.join("environment.json"));
     let mut out = String::new();
     if let Some(why) = &run.judged_again {
         let _ = writeln!(out, "note: {why}: judged again from samples.jsonl\n");

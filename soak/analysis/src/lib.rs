@@ -4,13 +4,15 @@
 //! command that shows or stores a verdict takes it from there or from the verdict.json written
 //! from it, and none judges with other settings behind the user's back.
 
+pub mod explain;
+
 use std::path::Path;
 
 use plateau_reports::{Samples, Site, Status, Verdict};
 
-use crate::detector::Overrides;
-use crate::fsutil::{read_run_json, source_function, write_atomic};
-use crate::system::Residue;
+use plateau_detector::Overrides;
+use plateau_probes::system::Residue;
+use plateau_reports::fsutil::{read_run_json, source_function, write_atomic};
 
 /// The verdict of the samples at `samples`, a function of what is on disk: the samples (their
 /// header's warm-up, tolerance and planned length; their end record), and beside them the
@@ -19,7 +21,7 @@ use crate::system::Residue;
 /// 2), each naming the file, line and field.
 pub fn judge_run(samples: &Path, overrides: &Overrides) -> Result<(Samples, Verdict), String> {
     // Read once: the bytes parsed are the bytes hashed.
-    let bytes = crate::fsutil::read_input(samples, plateau_reports::samples::MAX_FILE_BYTES)?;
+    let bytes = plateau_reports::fsutil::read_input(samples, plateau_reports::samples::MAX_FILE_BYTES)?;
     let s = Samples::parse(&bytes[..], samples).map_err(|e| e.to_string())?;
     let v = judge_bytes(&s, &bytes, samples, overrides)?;
     Ok((s, v))
@@ -36,7 +38,9 @@ fn read_evidence<T: serde::de::DeserializeOwned>(
     name: &str,
     files: &mut std::collections::BTreeMap<String, String>,
 ) -> Option<T> {
-    let bytes = crate::fsutil::read_input(&samples.with_file_name(name), crate::fsutil::RUN_FILE_BYTES).ok()?;
+    let bytes =
+        plateau_reports::fsutil::read_input(&samples.with_file_name(name), plateau_reports::fsutil::RUN_FILE_BYTES)
+            .ok()?;
     files.insert(name.to_string(), sha256_hex(&bytes));
     serde_json::from_slice(&bytes).ok()
 }
@@ -50,20 +54,20 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// [`judge_run`] of samples already read from `samples`. The verdict's evidence records the
 /// SHA-256 of the samples file and of every file beside it that was read.
 pub fn judge_read(s: &Samples, samples: &Path, overrides: &Overrides) -> Result<Verdict, String> {
-    let samples_bytes = crate::fsutil::read_input(samples, plateau_reports::samples::MAX_FILE_BYTES)?;
+    let samples_bytes = plateau_reports::fsutil::read_input(samples, plateau_reports::samples::MAX_FILE_BYTES)?;
     judge_bytes(s, &samples_bytes, samples, overrides)
 }
 
 /// [`judge_read`] with the bytes `s` was parsed from.
 fn judge_bytes(s: &Samples, samples_bytes: &[u8], samples: &Path, overrides: &Overrides) -> Result<Verdict, String> {
     let mut files = std::collections::BTreeMap::new();
-    let growth = read_evidence::<crate::heapprof::GrowthRecord>(samples, "growth.json", &mut files);
+    let growth = read_evidence::<plateau_profile::GrowthRecord>(samples, "growth.json", &mut files);
     // What a replay of a server showed of its live heap, weighed against its process memory.
-    let live_heap: Vec<crate::detector::LiveHeap> = growth
+    let live_heap: Vec<plateau_detector::LiveHeap> = growth
         .iter()
         .filter_map(|g| Some((g, g.live_heap_bytes_per_iter?, g.live_heap_source.clone()?)))
         .flat_map(|(g, live, source)| {
-            std::iter::once(&g.metric).chain(&g.also).map(move |metric| crate::detector::LiveHeap {
+            std::iter::once(&g.metric).chain(&g.also).map(move |metric| plateau_detector::LiveHeap {
                 metric: metric.clone(),
                 start_iter: g.start_iter,
                 end_iter: g.end_iter,
@@ -72,7 +76,7 @@ fn judge_bytes(s: &Samples, samples_bytes: &[u8], samples: &Path, overrides: &Ov
             })
         })
         .collect();
-    let mut v = crate::detector::judge_with_evidence(s, overrides, &live_heap)
+    let mut v = plateau_detector::judge_with_evidence(s, overrides, &live_heap)
         .map_err(|e| format!("{}: {e}", samples.display()))?;
     if let Some(residues) = read_evidence::<Vec<Residue>>(samples, "residues.json", &mut files) {
         name_insertion_sites(&residues, &mut v);
@@ -81,8 +85,8 @@ fn judge_bytes(s: &Samples, samples_bytes: &[u8], samples: &Path, overrides: &Ov
         name_growth_sites(g, &mut v);
     }
     note_node_heaps(&mut v);
-    if let Some(snap) = read_evidence::<crate::mappings::Snapshots>(samples, "mappings.json", &mut files) {
-        crate::mappings::name_grown(&snap, &mut v);
+    if let Some(snap) = read_evidence::<plateau_probes::mappings::Snapshots>(samples, "mappings.json", &mut files) {
+        plateau_probes::mappings::name_grown(&snap, &mut v);
     }
     let evidence = v.evidence.get_or_insert_with(Default::default);
     evidence.samples_sha256 = sha256_hex(samples_bytes);
@@ -111,14 +115,14 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, String> {
     if !samples_path.is_file() {
         return Err(format!("{}: no samples.jsonl: not a run directory of plateau", dir.display()));
     }
-    let bytes = crate::fsutil::read_input(&samples_path, plateau_reports::samples::MAX_FILE_BYTES)?;
+    let bytes = plateau_reports::fsutil::read_input(&samples_path, plateau_reports::samples::MAX_FILE_BYTES)?;
     let samples = Samples::parse(&bytes[..], &samples_path).map_err(|e| e.to_string())?;
     let samples_sha256 = sha256_hex(&bytes);
     let verdict_path = dir.join("verdict.json");
     let had_verdict = verdict_path.exists();
     let why = match had_verdict {
         false => Some("the run wrote no verdict.json".to_string()),
-        true => match crate::fsutil::read_input(&verdict_path, crate::fsutil::RUN_FILE_BYTES)
+        true => match plateau_reports::fsutil::read_input(&verdict_path, plateau_reports::fsutil::RUN_FILE_BYTES)
             .and_then(|b| serde_json::from_slice::<Verdict>(&b).map_err(|e| format!("line {}: {e}", e.line())))
         {
             // A verdict that does not read is refused, not replaced: damaged, or an older
@@ -156,15 +160,16 @@ fn stale(v: &Verdict, dir: &Path, samples_sha256: &str) -> Option<String> {
         return Some(format!("it was judged with {} (not the run's own settings)", v.overrides.join(" ")));
     }
     for name in EVIDENCE_FILES {
-        let now =
-            crate::fsutil::read_input(&dir.join(name), crate::fsutil::RUN_FILE_BYTES).ok().map(|b| sha256_hex(&b));
+        let now = plateau_reports::fsutil::read_input(&dir.join(name), plateau_reports::fsutil::RUN_FILE_BYTES)
+            .ok()
+            .map(|b| sha256_hex(&b));
         if now.as_ref() != e.files.get(name) {
             let was = e.files.get(name).map_or("absent".to_string(), |h| short_hash(h));
             let is = now.as_deref().map_or("absent".to_string(), short_hash);
             return Some(format!("{name} was {was} when it was judged and is {is} now"));
         }
     }
-    let ours = crate::detector::evidence::version();
+    let ours = plateau_detector::evidence::version();
     if e.detector != ours {
         return Some(format!("it was judged by {}, and this plateau's detector is {ours}", e.detector));
     }
@@ -178,10 +183,10 @@ fn short_hash(h: &str) -> String {
 
 /// The settings of `asked` that differ from what `s` recorded (the same value is no override).
 pub fn differing(s: &Samples, asked: &Overrides) -> Result<Overrides, String> {
-    let recorded_warmup = s.header.warmup_iterations.unwrap_or(crate::detector::DEFAULT_WARMUP_ITERATIONS);
+    let recorded_warmup = s.header.warmup_iterations.unwrap_or(plateau_detector::DEFAULT_WARMUP_ITERATIONS);
     let recorded_tolerance = match &s.header.tolerance {
-        Some(t) => t.parse::<crate::detector::Tolerance>().map_err(|e| format!("header: tolerance: {e}"))?,
-        None => crate::detector::Tolerance::default(),
+        Some(t) => t.parse::<plateau_detector::Tolerance>().map_err(|e| format!("header: tolerance: {e}"))?,
+        None => plateau_detector::Tolerance::default(),
     };
     Ok(Overrides {
         warmup: asked.warmup.filter(|w| *w != recorded_warmup),
@@ -191,8 +196,8 @@ pub fn differing(s: &Samples, asked: &Overrides) -> Result<Overrides, String> {
 
 /// Names, for the heap metric a profiled replay explained, the allocation sites of its growth; or
 /// says plainly that the replay did not reproduce it.
-fn name_growth_sites(g: &crate::heapprof::GrowthRecord, v: &mut Verdict) {
-    let fmt = |b: f64| crate::detector::series::fmt_value(b, "bytes");
+fn name_growth_sites(g: &plateau_profile::GrowthRecord, v: &mut Verdict) {
+    let fmt = |b: f64| plateau_detector::series::fmt_value(b, "bytes");
     if let Some(why) = &g.note {
         v.attribution.push(format!("where: {}: {why}", g.metric));
         return;
