@@ -29,7 +29,7 @@ use std::path::Path;
 use plateau_reports::figures::{fmt_value, median};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::detector::stats::{mann_kendall, theil_sen};
+use plateau_detector::stats::{mann_kendall, theil_sen};
 
 use super::{db_err, HistoryError};
 

@@ -35,13 +35,14 @@ pub fn read_run(dir: &Path) -> Result<RunRecord, HistoryError> {
             dir.display()
         )));
     }
-    let run = crate::analysis::load_run(dir).map_err(HistoryError::Input)?;
+    let run = plateau_analysis::load_run(dir).map_err(HistoryError::Input)?;
     if let (Some(why), true) = (&run.judged_again, run.had_verdict) {
         eprintln!("plateau: history: {why}: judged again from samples.jsonl, and stored as judged now");
     }
     let env_path = dir.join("environment.json");
     let environment = if env_path.exists() {
-        let b = crate::fsutil::read_input(&env_path, crate::fsutil::RUN_FILE_BYTES).map_err(HistoryError::Input)?;
+        let b = plateau_reports::fsutil::read_input(&env_path, plateau_reports::fsutil::RUN_FILE_BYTES)
+            .map_err(HistoryError::Input)?;
         Some(
             serde_json::from_slice(&b)
                 .map_err(|e| HistoryError::Input(format!("{}: line {}: {e}", env_path.display(), e.line())))?,
