@@ -1,5 +1,5 @@
 //! A decode node's registered receive regions for KV pulls, modelled with the kernel's view of
-//! them: the same registration cache as the soak's transport (`soak/src/pd/region.rs`), with
+//! them: the same registration cache as the soak's transport (`soak/pd/src/region.rs`), with
 //! mappings as byte counts instead of real mmaps.
 //!
 //! Lifecycle: a pull takes a region before it is sent (the most recently released one, remapped to

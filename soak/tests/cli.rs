@@ -147,9 +147,9 @@ fn pd_mmap_hook_is_reported_outside_the_heap_with_its_mapping() {
     assert!(!d.join("growth.json").exists(), "an earlier run's growth.json is left");
     let outside = v["metrics"].as_array().unwrap().iter().find(|m| m["name"] == "proc.anon_outside_heap").unwrap();
     let location = outside["location"].as_str().unwrap();
-    assert!(location.contains("mapped at soak/src/pd/region.rs:"), "{location}");
+    assert!(location.contains("mapped at soak/pd/src/region.rs:"), "{location}");
     let site = &outside["sites"][0];
-    assert_eq!(site["file"], "soak/src/pd/region.rs", "{site}");
+    assert_eq!(site["file"], "soak/pd/src/region.rs", "{site}");
     assert!(site["bytes_per_iter"].as_f64().unwrap() > 100.0 * 1024.0, "{site}");
     let heap = v["metrics"].as_array().unwrap().iter().find(|m| m["name"] == "jemalloc.allocated").unwrap();
     assert_ne!(heap["status"], "fail", "the heap stays (nearly) flat: {}", heap["reason"]);

@@ -385,7 +385,7 @@ mod tests {
     }
 
     fn at(line: u32, bytes: u64) -> MappedAt {
-        MappedAt { file: "soak/src/pd/region.rs".into(), line, bytes }
+        MappedAt { file: "soak/pd/src/region.rs".into(), line, bytes }
     }
 
     #[test]

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::region::RegionCache;
 use super::wire::{read_frame, write_frame, WireError};
-use crate::mappings::Mapping;
-use crate::probes::{ProcessProbes, Settle};
+use plateau_probes::mappings::Mapping;
+use plateau_probes::probes::{ProcessProbes, Settle};
 
 /// A call from the controller (or, for `ExportKv`, from the decode peer).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,7 +89,7 @@ pub enum Reply {
     Probes(Vec<WireMetric>),
     /// Failed idle checks: (metric or check name, what it found).
     Idle(Vec<(String, String)>),
-    Residues(Vec<crate::system::Residue>),
+    Residues(Vec<plateau_probes::system::Residue>),
     Count(usize),
     Mappings(Vec<Mapping>),
 }
@@ -242,7 +242,9 @@ impl Node {
                 e.set_epoch(epoch);
                 Reply::Done
             }
-            Call::Residues => Reply::Residues(e.residues().into_iter().map(crate::system::Residue::from).collect()),
+            Call::Residues => {
+                Reply::Residues(e.residues().into_iter().map(plateau_probes::system::Residue::from).collect())
+            }
             Call::Held => Reply::Count(e.held_transfers()),
             Call::Mappings => Reply::Mappings(self.probes.mappings()),
             Call::Sleep { level } => match e.sleep(level) {

@@ -13,7 +13,7 @@ use plateau_engine::{
 
 use super::router::{Route, Router};
 use super::transport::InProcessTransport;
-use crate::system::System;
+use plateau_probes::system::System;
 
 pub struct PdOptions {
     pub regions: usize,
@@ -152,10 +152,10 @@ impl System for PdPair {
         self.decode.set_epoch(epoch);
     }
 
-    fn residues(&self) -> Vec<crate::system::Residue> {
+    fn residues(&self) -> Vec<plateau_probes::system::Residue> {
         let mut out = Vec::new();
         for (role, e) in [("prefill", &self.prefill), ("decode", &self.decode)] {
-            out.extend(e.residues().into_iter().map(|r| crate::system::Residue::from(r).with_role(role)));
+            out.extend(e.residues().into_iter().map(|r| plateau_probes::system::Residue::from(r).with_role(role)));
         }
         out
     }

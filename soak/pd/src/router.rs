@@ -33,7 +33,7 @@ impl Router {
         Router {
             originals: BTreeMap::new(),
             failure_fraction,
-            rng: crate::workload::rng_for(&[seed, 0xdead]),
+            rng: plateau_scenario::workload::rng_for(&[seed, 0xdead]),
             dropped: 0,
         }
     }

@@ -18,9 +18,9 @@ use plateau_reports::MetricSpec;
 use super::node::{Call, Reply, WireMetric};
 use super::router::{Route, Router};
 use super::wire::{read_frame, write_frame};
-use crate::mappings::Mapping;
-use crate::probes::{ProcessProbes, Settle};
-use crate::system::System;
+use plateau_probes::mappings::Mapping;
+use plateau_probes::probes::{ProcessProbes, Settle};
+use plateau_probes::system::System;
 
 struct Client {
     r: BufReader<TcpStream>,
@@ -303,7 +303,7 @@ impl System for RemotePair {
         }
     }
 
-    fn residues(&self) -> Vec<crate::system::Residue> {
+    fn residues(&self) -> Vec<plateau_probes::system::Residue> {
         let mut out = Vec::new();
         for (role, c) in [("prefill", &self.prefill), ("decode", &self.decode)] {
             if let Ok(Reply::Residues(rs)) = c.borrow_mut().call(&Call::Residues) {

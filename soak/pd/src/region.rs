@@ -48,7 +48,7 @@ impl Mapping {
         }
         let m = Mapping { ptr: p.cast(), len };
         m.name();
-        crate::mappings::record(p as u64, len as u64, std::panic::Location::caller());
+        plateau_probes::mappings::record(p as u64, len as u64, std::panic::Location::caller());
         Ok(m)
     }
 
@@ -76,11 +76,11 @@ impl Mapping {
         if p == libc::MAP_FAILED {
             return Err(format!("mremap to {len} bytes failed: {}", std::io::Error::last_os_error()));
         }
-        crate::mappings::forget(self.ptr as u64);
+        plateau_probes::mappings::forget(self.ptr as u64);
         self.ptr = p.cast();
         self.len = len;
         self.name();
-        crate::mappings::record(p as u64, len as u64, std::panic::Location::caller());
+        plateau_probes::mappings::record(p as u64, len as u64, std::panic::Location::caller());
         Ok(())
     }
 
@@ -96,7 +96,7 @@ impl Drop for Mapping {
         unsafe {
             libc::munmap(self.ptr.cast(), self.len);
         }
-        crate::mappings::forget(self.ptr as u64);
+        plateau_probes::mappings::forget(self.ptr as u64);
     }
 }
 
