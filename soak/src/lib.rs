@@ -8,6 +8,8 @@ pub use plateau_analysis::explain;
 pub use plateau_bisect as bisect;
 pub use plateau_detector as detector;
 pub use plateau_detector::corpus;
+pub use plateau_driver as driver;
+pub use plateau_driver::triggers;
 pub use plateau_history as history;
 pub use plateau_pd as pd;
 pub use plateau_probes::{arena, base_blocks, extents, mappings, probes, system};
@@ -34,10 +36,8 @@ unsafe impl Sync for ConfPtr {}
 #[export_name = "malloc_conf"]
 pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
-pub mod driver;
 pub mod environment;
 pub mod external;
 pub mod selftest;
 pub mod serve;
 pub mod shrink;
-pub mod triggers;

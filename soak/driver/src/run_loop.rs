@@ -21,9 +21,9 @@ use super::plan;
 use super::sink::Sink;
 use super::target::{Target, WindowEdge};
 use super::{judge_and_write, write_json, Progress, RunError, RunOptions, RunResult, MAX_ITERATIONS};
-use crate::arena::HarnessScope;
-use crate::scenario::Scenario;
-use crate::workload::Workload;
+use plateau_probes::arena::HarnessScope;
+use plateau_scenario::workload::Workload;
+use plateau_scenario::Scenario;
 
 /// How long a run goes and how it is sampled, settled before its target is built.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +79,7 @@ pub fn run_with(
         exact_failure: None,
         decided: false,
     };
-    let mut snapshots = crate::mappings::Snapshots::default();
+    let mut snapshots = plateau_probes::mappings::Snapshots::default();
     let outcome = iterate(scenario, opts, plan, target, &mut sink, &mut state, &mut snapshots);
     let _harness = HarnessScope::enter();
     snapshots.end_iter = state.done;
@@ -194,7 +194,7 @@ fn iterate(
     target: &mut dyn Target,
     sink: &mut Sink,
     state: &mut LoopState,
-    snapshots: &mut crate::mappings::Snapshots,
+    snapshots: &mut plateau_probes::mappings::Snapshots,
 ) -> Result<(), RunError> {
     let bar = (opts.progress == Progress::Bar).then(|| progress_bar(plan.limit));
     let mut last_line = Instant::now();
@@ -298,7 +298,7 @@ fn run_phase(
     iter: u64,
 ) -> Result<(), RunError> {
     let Err(e) = target.run_phase(scenario, iter, index, sends, sink) else { return Ok(()) };
-    if matches!(scenario.phases[index], crate::scenario::Phase::Sleep(_)) && sample_refused_sleep(target, sink, iter) {
+    if matches!(scenario.phases[index], plateau_scenario::Phase::Sleep(_)) && sample_refused_sleep(target, sink, iter) {
         // Its requests were all served and it has its quiescent point.
         state.done = iter;
     }
@@ -352,7 +352,7 @@ fn decided_check_due(iter: u64, warmup: u64) -> bool {
 fn decided_at(samples: &Path, iter: u64) -> Result<bool, RunError> {
     let mut s = Samples::read(samples).map_err(|e| RunError::Harness(e.to_string()))?;
     s.end = Some(RunEnd::new(EndState::Decided, iter));
-    let v = crate::detector::judge(&s).map_err(RunError::Input)?;
+    let v = plateau_detector::judge(&s).map_err(RunError::Input)?;
     Ok(v.verdict == Status::Fail && v.metrics.iter().all(|m| m.status != Status::Inconclusive))
 }
 
@@ -367,7 +367,7 @@ const UNDECIDED_GROWTH: f64 = 1.5;
 fn undecided_until(samples: &Path, planned: u64, cap: u64) -> Result<Option<u64>, RunError> {
     let mut s = Samples::read(samples).map_err(|e| RunError::Harness(e.to_string()))?;
     s.end = Some(RunEnd::new(EndState::Completed, planned));
-    let v = crate::detector::judge(&s).map_err(RunError::Input)?;
+    let v = plateau_detector::judge(&s).map_err(RunError::Input)?;
     if v.verdict != Status::Inconclusive || planned >= cap {
         return Ok(None);
     }

@@ -5,8 +5,8 @@
 
 use plateau_engine::Request;
 
-use crate::scenario::{Abort, Phase, Stage};
-use crate::workload::{rng_for, Workload};
+use plateau_scenario::workload::{rng_for, Workload};
+use plateau_scenario::{Abort, Phase, Stage};
 
 /// The sizes a phase plan depends on: the model's vocabulary (for the out-of-vocabulary invalid
 /// request) and the KV pool (for pressure phases).

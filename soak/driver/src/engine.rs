@@ -15,12 +15,12 @@ use super::plan::{Action, Send};
 use super::sink::Sink;
 use super::target::{Finish, Probe, Shape, Target, WindowEdge};
 use super::{AbortCounts, RunError};
-use crate::arena::HarnessScope;
-use crate::pd::pair::{PdOptions, PdPair};
-use crate::probes::{sample_engine, ProcessProbes, Settle};
-use crate::scenario::{spec_of, PdMode, Phase, Scenario, Stage};
-use crate::system::System;
 use crate::triggers::{PhaseTraits, Triggers};
+use plateau_pd::pair::{PdOptions, PdPair};
+use plateau_probes::arena::HarnessScope;
+use plateau_probes::probes::{sample_engine, ProcessProbes, Settle};
+use plateau_probes::system::System;
+use plateau_scenario::{spec_of, PdMode, Phase, Scenario, Stage};
 
 /// Engine steps one phase may take before the run is declared stuck.
 const MAX_STEPS_PER_PHASE: u64 = 1_000_000;
@@ -60,12 +60,12 @@ pub fn build_system(
         }
         let mut config = s.engine_config(injections.clone(), seed);
         config.kv_transfer_timeout_ms = pd.kv_transfer_timeout_ms;
-        let spec = crate::pd::remote::NodeSpec {
+        let spec = plateau_pd::remote::NodeSpec {
             scenario: source.to_string(),
             seed,
             injections: injections.iter().map(|i| i.name().to_string()).collect(),
         };
-        let pair = crate::pd::remote::RemotePair::start(spec, config, pd.decode_failure_fraction)
+        let pair = plateau_pd::remote::RemotePair::start(spec, config, pd.decode_failure_fraction)
             .map_err(|e| RunError::Harness(format!("P/D nodes: {e}")))?;
         return Ok(Box::new(pair));
     }
@@ -95,7 +95,7 @@ pub struct EngineTarget {
     accounting: Option<String>,
     aborts: AbortCounts,
     rss_bytes: f64,
-    /// A purge at every this many quiescent points ([`crate::probes::purge_every`]).
+    /// A purge at every this many quiescent points ([`plateau_probes::probes::purge_every`]).
     purge_every: u64,
     /// What really fired, and what the phase being driven asks its requests for.
     triggers: Triggers,
@@ -181,7 +181,7 @@ impl EngineTarget {
         Ok(())
     }
 
-    fn sleep_phase(&mut self, scenario: &Scenario, iter: u64, s: &crate::scenario::Sleep) -> Result<(), RunError> {
+    fn sleep_phase(&mut self, scenario: &Scenario, iter: u64, s: &plateau_scenario::Sleep) -> Result<(), RunError> {
         self.engine.sleep(s.level).map_err(|e| engine_err(iter, "sleep", e))?;
         if s.update_weights {
             let source = match &scenario.engine.weights {
@@ -314,14 +314,14 @@ impl Target for EngineTarget {
     /// engine is idle and the harness keeps no growing state, so the dumps differ by what the
     /// engine kept, frees of older objects included.
     fn mark_window(&mut self, edge: WindowEdge, _iter: u64, out_dir: &Path) -> Result<(), RunError> {
-        use crate::heapprof::control;
+        use plateau_profile::control;
         if edge == WindowEdge::Start {
             control::activate().map_err(RunError::Harness)?;
         }
         control::dump(&out_dir.join(edge.dump_file())).map_err(RunError::Harness)
     }
 
-    fn mappings(&mut self) -> Vec<crate::mappings::Mapping> {
+    fn mappings(&mut self) -> Vec<plateau_probes::mappings::Mapping> {
         self.engine.mappings().unwrap_or_else(|| self.probes.mappings())
     }
 

@@ -18,8 +18,8 @@ use plateau_reports::MetricSpec;
 pub use super::plan::{Send, Shape};
 pub use super::sink::{Probe, Sink};
 use super::{AbortCounts, RunError};
-use crate::scenario::Scenario;
 use crate::triggers::TriggerCount;
+use plateau_scenario::Scenario;
 
 /// The three quiescent points of a profiled replay's window, all at the same phase of the
 /// scenario's cycle (the end of an iteration): the end of warm-up, the middle, the end. Growth
@@ -108,10 +108,10 @@ pub trait Target {
     /// into `out_dir`.
     fn mark_window(&mut self, edge: WindowEdge, iter: u64, out_dir: &std::path::Path) -> Result<(), RunError>;
     /// The target process's mappings now, for the mapping snapshot (empty when unknown).
-    fn mappings(&mut self) -> Vec<crate::mappings::Mapping>;
+    fn mappings(&mut self) -> Vec<plateau_probes::mappings::Mapping>;
     /// A deployment's processes' mappings now, by role (`--topology`), for each role's own
     /// mapping snapshot; none for a target of one process.
-    fn role_mappings(&mut self) -> std::collections::BTreeMap<String, Vec<crate::mappings::Mapping>> {
+    fn role_mappings(&mut self) -> std::collections::BTreeMap<String, Vec<plateau_probes::mappings::Mapping>> {
         std::collections::BTreeMap::new()
     }
     /// The progress line's detail: memory and accounting, or the target's address.

@@ -10,6 +10,7 @@ pub mod plan;
 mod run_loop;
 pub mod sink;
 pub mod target;
+pub mod triggers;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -20,15 +21,15 @@ use std::time::Duration;
 use plateau_engine::Injections;
 use plateau_reports::Verdict;
 
-use crate::analysis::{judge_run, write_outputs};
-use crate::detector::{warmup_rule, Overrides};
-use crate::probes::purge_every;
-use crate::scenario::{parse_duration_secs, PdMode, Scenario};
 pub use engine::{build_engine, build_system, resolve_backend, EngineTarget};
+use plateau_analysis::{judge_run, write_outputs};
+use plateau_detector::{warmup_rule, Overrides};
+use plateau_probes::probes::purge_every;
+use plateau_scenario::{parse_duration_secs, PdMode, Scenario};
 pub use run_loop::{run_with, RunPlan};
 pub use target::Target;
 
-pub use crate::detector::STOPPED_ON_EXACT_FAILURE;
+pub use plateau_detector::STOPPED_ON_EXACT_FAILURE;
 
 /// Iterations a run may take at most, a duration-bound one included (the reason is beside the
 /// scenario's cap).
@@ -74,7 +75,7 @@ pub struct RunOptions {
     /// `--warmup`: quiescent iterations the trend test skips (default: the scenario's).
     pub warmup: Option<u64>,
     /// `--tolerance` (default: the scenario's, else the detector's).
-    pub tolerance: Option<crate::detector::Tolerance>,
+    pub tolerance: Option<plateau_detector::Tolerance>,
     /// A profiled replay (the child side): the window's first and last quiescent points; the
     /// target marks them and the middle one (`Target::mark_window`).
     pub profile_window: Option<(u64, u64)>,
@@ -171,14 +172,14 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     let system = build_system(scenario, &opts.scenario_source, &backend, opts.injections.clone(), plan.seed)?;
     prepare_out_dir(opts)?;
     let purge =
-        purge_every(plan.known_length(), plan.warmup, crate::detector::DetectorConfig::default().min_points as u64);
+        purge_every(plan.known_length(), plan.warmup, plateau_detector::DetectorConfig::default().min_points as u64);
     let mut target = EngineTarget::new(system, purge);
     run_with(scenario, opts, plan, &mut target)
 }
 
 /// Creates the output directory and clears what an earlier run left in it.
 pub fn prepare_out_dir(opts: &RunOptions) -> Result<(), RunError> {
-    crate::fsutil::claim_run_dir(&opts.out_dir).map_err(|e| RunError::Input(format!("--out {e}")))?;
+    plateau_reports::fsutil::claim_run_dir(&opts.out_dir).map_err(|e| RunError::Input(format!("--out {e}")))?;
     clear_earlier_run(&opts.out_dir);
     Ok(())
 }
@@ -226,7 +227,8 @@ pub fn judge_and_write(dir: &Path) -> Result<Verdict, RunError> {
     Ok(verdict)
 }
 
-pub(crate) fn write_json(path: &Path, v: &impl serde::Serialize) -> Result<(), RunError> {
+/// Writes `v` as pretty JSON to `path` (a run-directory file).
+pub fn write_json(path: &Path, v: &impl serde::Serialize) -> Result<(), RunError> {
     let text = serde_json::to_string_pretty(v).map_err(|e| RunError::Harness(e.to_string()))?;
     std::fs::write(path, text).map_err(|e| RunError::Harness(format!("{}: {e}", path.display())))
 }

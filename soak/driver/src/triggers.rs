@@ -16,7 +16,7 @@ use std::path::Path;
 use plateau_engine::{FinishReason, RequestOutput};
 use serde::{Deserialize, Serialize};
 
-use crate::scenario::{Phase, Scenario, Stage};
+use plateau_scenario::{Phase, Scenario, Stage};
 
 /// A claimed trigger must fire at least this often in a run for selftest: fewer leave a leak on
 /// its path below what a per-request registry shows at once and a trend can resolve at all.
