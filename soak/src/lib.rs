@@ -17,6 +17,7 @@ pub use plateau_profile as heapprof;
 pub use plateau_reports::fsutil;
 pub use plateau_scenario as scenario;
 pub use plateau_scenario::workload;
+pub use plateau_serve as serve;
 
 /// jemalloc is the allocator of everything that links this crate (the `plateau` binary and the
 /// tests), unprefixed so that C libraries' malloc is counted too; the harness's own allocations go
@@ -39,5 +40,4 @@ pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 pub mod environment;
 pub mod external;
 pub mod selftest;
-pub mod serve;
 pub mod shrink;

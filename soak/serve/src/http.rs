@@ -154,9 +154,11 @@ fn sse(
 /// a clean 60-iteration soak failed on the server's `jemalloc.metadata` (146 B/iteration).
 fn heap_figures() -> (BTreeMap<String, f64>, BTreeMap<String, MetricSpec>) {
     let mut values = BTreeMap::new();
-    crate::probes::read_jemalloc("", &mut values);
-    let mut specs: BTreeMap<String, MetricSpec> =
-        crate::probes::ProcessProbes::specs("").into_iter().filter(|(k, _)| k.starts_with("jemalloc.")).collect();
+    plateau_probes::probes::read_jemalloc("", &mut values);
+    let mut specs: BTreeMap<String, MetricSpec> = plateau_probes::probes::ProcessProbes::specs("")
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("jemalloc."))
+        .collect();
     // The allocator's own bookkeeping settles slowly in a server: in 12 clean 60-iteration soaks of
     // n-sampling it grew 8 to 12 KiB after the 20-iteration warm-up, in steps that thinned out by
     // iteration 45 or so (extent and radix-tree records reaching their high-water mark under the

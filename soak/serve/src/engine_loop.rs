@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use plateau_engine::{Metric, Request, RequestOutput};
 
-use crate::system::System;
+use plateau_probes::system::System;
 use tokio::sync::{mpsc, oneshot};
 
 /// Commands the engine thread takes from the first one waiting, this many per step at most: a
@@ -192,7 +192,7 @@ pub fn run(mut engine: Box<dyn System + Send>, commands: Receiver<Command>) -> R
                         _ => Vec::new(),
                     };
                     let mut nodes = BTreeMap::new();
-                    engine.sample_processes(crate::probes::Settle::Flush, &mut nodes);
+                    engine.sample_processes(plateau_probes::probes::Settle::Flush, &mut nodes);
                     nodes.retain(|k, _| node_only(k));
                     let mut node_specs = engine.process_specs();
                     node_specs.retain(|k, _| nodes.contains_key(k));
@@ -299,8 +299,8 @@ fn send_new(l: &mut Live, index: u32, tokens: &[u32]) {
 /// system whose engines run in node processes (a P/D proxy) has them do the same.
 fn release_pages(engine: &dyn System) {
     // Flushes this thread's cache too (Purge), so the engine's freed memory is counted freed.
-    crate::probes::settle_allocator(crate::probes::Settle::Purge);
-    engine.sample_processes(crate::probes::Settle::Purge, &mut BTreeMap::new());
+    plateau_probes::probes::settle_allocator(plateau_probes::probes::Settle::Purge);
+    engine.sample_processes(plateau_probes::probes::Settle::Purge, &mut BTreeMap::new());
 }
 
 /// The capacity of a request's event channel: one event per generated token of each sequence at

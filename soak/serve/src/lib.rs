@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use plateau_engine::Injections;
 
-use crate::driver::{build_engine, RunError};
-use crate::scenario::Scenario;
+use plateau_driver::{build_engine, RunError};
+use plateau_scenario::Scenario;
 
 /// Commands waiting for the engine thread at most: requests beyond it are refused with 503
 /// rather than queued without bound.
@@ -43,7 +43,7 @@ pub struct ServeOptions {
 /// Serves until interrupted (Ctrl-C) or killed. Returns when the server stops.
 pub fn serve(scenario: &Scenario, opts: &ServeOptions) -> Result<(), RunError> {
     let backend = opts.backend.clone().unwrap_or_else(|| scenario.engine.backend.clone());
-    let engine: Box<dyn crate::system::System + Send> = match &opts.nodes {
+    let engine: Box<dyn plateau_probes::system::System + Send> = match &opts.nodes {
         None => Box::new(build_engine(scenario, &backend, opts.injections.clone(), opts.seed)?),
         Some((prefill, decode)) => Box::new(proxy(scenario, opts, prefill, decode)?),
     };
@@ -51,7 +51,7 @@ pub fn serve(scenario: &Scenario, opts: &ServeOptions) -> Result<(), RunError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         // Exact heap figures: no HTTP thread keeps freed memory in a cache of its own.
-        .on_thread_start(crate::probes::disable_thread_cache)
+        .on_thread_start(plateau_probes::probes::disable_thread_cache)
         .enable_all()
         .build()
         .map_err(|e| RunError::Harness(format!("tokio runtime: {e}")))?;
@@ -90,14 +90,14 @@ fn proxy(
     opts: &ServeOptions,
     prefill: &str,
     decode: &str,
-) -> Result<crate::pd::remote::RemotePair, RunError> {
+) -> Result<plateau_pd::remote::RemotePair, RunError> {
     let pd = scenario
         .pd
         .as_ref()
         .ok_or_else(|| RunError::Input(format!("--role proxy: scenario {} has no [pd] section", scenario.name)))?;
     let mut config = scenario.engine_config(opts.injections.clone(), opts.seed);
     config.kv_transfer_timeout_ms = pd.kv_transfer_timeout_ms;
-    crate::pd::remote::RemotePair::connect(prefill, decode, config, 0.0, opts.seed)
+    plateau_pd::remote::RemotePair::connect(prefill, decode, config, 0.0, opts.seed)
         .map_err(|e| RunError::Harness(format!("--role proxy: {e}")))
 }
 
