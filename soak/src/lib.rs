@@ -10,6 +10,7 @@ pub use plateau_detector as detector;
 pub use plateau_detector::corpus;
 pub use plateau_driver as driver;
 pub use plateau_driver::triggers;
+pub use plateau_external as external;
 pub use plateau_history as history;
 pub use plateau_pd as pd;
 pub use plateau_probes::{arena, base_blocks, extents, mappings, probes, system};
@@ -38,6 +39,5 @@ unsafe impl Sync for ConfPtr {}
 pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
 pub mod environment;
-pub mod external;
 pub mod selftest;
 pub mod shrink;

@@ -294,7 +294,7 @@ health = "http://127.0.0.1:{port:proxy}/health"
 
     #[test]
     fn the_shipped_topologies_load() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/topologies");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios/topologies");
         let mut names = Vec::new();
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();

@@ -21,7 +21,7 @@ use procfs::process::Process;
 
 use super::mapping::PREFIX;
 use super::python::{self, Hook};
-use crate::probes::{read_proc, ProcessProbes};
+use plateau_probes::probes::{read_proc, ProcessProbes};
 
 /// Processes a tree is followed to at most: a bound on the walk of /proc at every sample.
 const MAX_PROCESSES: usize = 256;

@@ -17,11 +17,11 @@ use super::client::{Action, Client, Outcome};
 use super::mapping::{self, Mapping};
 use super::REQUESTS;
 use super::{client_err, death, fetch_metrics, gpu, is_page_level, target, tree, ExternalOptions, POLL};
-use crate::driver::plan::{self, Send};
-use crate::driver::sink::Sink;
-use crate::driver::target::{Finish, Probe, Shape, Target, WindowEdge};
-use crate::driver::{AbortCounts, RunError};
-use crate::scenario::{Phase, Scenario, Stage};
+use plateau_driver::plan::{self, Send};
+use plateau_driver::sink::Sink;
+use plateau_driver::target::{Finish, Probe, Shape, Target, WindowEdge};
+use plateau_driver::{AbortCounts, RunError};
+use plateau_scenario::{Phase, Scenario, Stage};
 
 /// The target: its runtime (current-thread, so only `Runtime::block_on` drives its IO and
 /// timers) beside the state its futures borrow.
@@ -50,12 +50,12 @@ pub(super) struct Http<'a> {
     pub control: super::control::Control,
     pub aborts: AbortCounts,
     pub ext: &'a ExternalOptions,
-    pub own: crate::probes::ProcessProbes,
+    pub own: plateau_probes::probes::ProcessProbes,
     /// The target's mappings at the last quiescent point: what the end snapshot shows if the
     /// target is gone by then.
-    pub last_mappings: Vec<crate::mappings::Mapping>,
+    pub last_mappings: Vec<plateau_probes::mappings::Mapping>,
     /// A deployment's processes' mappings at the last quiescent point, by role.
-    pub last_role_mappings: BTreeMap<String, Vec<crate::mappings::Mapping>>,
+    pub last_role_mappings: BTreeMap<String, Vec<plateau_probes::mappings::Mapping>>,
     /// The scenario's engine section stands for the server's in phase plans: its vocabulary (for
     /// the out-of-vocabulary request) and its pool (for pressure phases).
     pub shape: Shape,
@@ -141,8 +141,9 @@ impl Http<'_> {
             if let Some(g) = &self.gpu {
                 g.sample(&pids, &mut p.values);
             }
-            self.last_mappings =
-                procfs::process::Process::new(tree.root()).map(|p| crate::mappings::of_process(&p)).unwrap_or_default();
+            self.last_mappings = procfs::process::Process::new(tree.root())
+                .map(|p| plateau_probes::mappings::of_process(&p))
+                .unwrap_or_default();
         }
         for d in &mut self.deployment.procs {
             let pids = d.tree.sample(&mut p.values, self.hook.as_ref());
@@ -150,7 +151,7 @@ impl Http<'_> {
                 g.sample_as(&format!("{}.{}", d.role, mapping::PREFIX), &pids, &mut p.values);
             }
             let maps = procfs::process::Process::new(d.tree.root())
-                .map(|p| crate::mappings::of_other_process(&p))
+                .map(|p| plateau_probes::mappings::of_other_process(&p))
                 .unwrap_or_default();
             self.last_role_mappings.insert(d.role.clone(), maps);
         }
@@ -159,9 +160,9 @@ impl Http<'_> {
             p.values.retain(|k, _| !is_page_level(k));
         }
         let mut own = BTreeMap::new();
-        self.own.sample("plateau.", crate::probes::Settle::Flush, &mut own, &mut BTreeMap::new());
+        self.own.sample("plateau.", plateau_probes::probes::Settle::Flush, &mut own, &mut BTreeMap::new());
         if let Some(proc) = self.own.process() {
-            crate::probes::read_proc(proc, "plateau.", &mut own);
+            plateau_probes::probes::read_proc(proc, "plateau.", &mut own);
         }
         p.values.extend(own);
         p.values.insert(REQUESTS.into(), self.requests_sent as f64);
@@ -223,7 +224,7 @@ impl Http<'_> {
             std::fs::write(&marker, format!("{exe}\n"))
                 .map_err(|e| RunError::Harness(format!("{}: {e}", marker.display())))?;
         }
-        crate::driver::write_json(&out_dir.join("memray-processes.json"), &tracked)
+        plateau_driver::write_json(&out_dir.join("memray-processes.json"), &tracked)
     }
 
     /// Stops memray in the processes it records in: each capture is complete when its answer
@@ -379,14 +380,14 @@ impl Target for HttpTarget<'_> {
             .iter()
             .map(|(e, i, t)| serde_json::json!({"edge": e.name(), "iter": i, "unix_ms": t}))
             .collect();
-        crate::driver::write_json(&out_dir.join("profile-window.json"), &marks)
+        plateau_driver::write_json(&out_dir.join("profile-window.json"), &marks)
     }
 
-    fn mappings(&mut self) -> Vec<crate::mappings::Mapping> {
+    fn mappings(&mut self) -> Vec<plateau_probes::mappings::Mapping> {
         self.http.last_mappings.clone()
     }
 
-    fn role_mappings(&mut self) -> BTreeMap<String, Vec<crate::mappings::Mapping>> {
+    fn role_mappings(&mut self) -> BTreeMap<String, Vec<plateau_probes::mappings::Mapping>> {
         self.http.last_role_mappings.clone()
     }
 
@@ -433,7 +434,7 @@ impl Target for HttpTarget<'_> {
         if let Some(pid) = running {
             match super::profile::classify(pid) {
                 Ok(kind) => {
-                    if let Err(e) = crate::driver::write_json(&self.http.out_dir.join("server.json"), &kind) {
+                    if let Err(e) = plateau_driver::write_json(&self.http.out_dir.join("server.json"), &kind) {
                         eprintln!("plateau: server.json: {e}");
                     }
                 }
@@ -453,7 +454,7 @@ impl Target for HttpTarget<'_> {
                     }
                 }
             }
-            if let Err(e) = crate::driver::write_json(&self.http.out_dir.join(super::profile::SERVERS_FILE), &kinds) {
+            if let Err(e) = plateau_driver::write_json(&self.http.out_dir.join(super::profile::SERVERS_FILE), &kinds) {
                 eprintln!("plateau: {}: {e}", super::profile::SERVERS_FILE);
             }
         }

@@ -123,11 +123,11 @@ impl Mapping {
         let mut out = Scraped::default();
         for s in samples {
             let value = s.value;
-            if s.name == crate::serve::metrics::SETTLED {
+            if s.name == plateau_serve::metrics::SETTLED {
                 out.settled = Some(value == 1.0);
                 continue;
             }
-            if s.name == crate::serve::metrics::FAMILY {
+            if s.name == plateau_serve::metrics::FAMILY {
                 if let Some((name, spec)) = self_described(&s.labels) {
                     out.add(format!("{PREFIX}{name}"), spec, value);
                 }

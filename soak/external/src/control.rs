@@ -27,8 +27,8 @@ use plateau_reports::{CallTimes, ControlRecord};
 use serde_json::{json, Value};
 
 use super::dialect::{Dialect, Found};
-use crate::driver::RunError;
-use crate::scenario::Sleep;
+use plateau_driver::RunError;
+use plateau_scenario::Sleep;
 
 /// Poll period while waiting for a server to report the state a call asked for.
 const STATE_POLL: Duration = Duration::from_millis(20);
@@ -306,7 +306,7 @@ impl Control {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::external::dialect::{decide, Seen};
+    use crate::dialect::{decide, Seen};
 
     #[test]
     fn a_dialect_without_sleep_counts_each_phase_and_says_it_once() {

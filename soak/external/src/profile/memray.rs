@@ -1,4 +1,4 @@
-//! A Python server's replay under memray: plateau's hook ([`crate::external::python`]) is in every
+//! A Python server's replay under memray: plateau's hook ([`crate::python`]) is in every
 //! Python process of the server the replay starts; at the window's start the replay asks the
 //! processes that grew to start memray's tracker (one capture each, `replay/memray.<pid>.bin`,
 //! named with their interpreters in `replay/memray-processes.json`), and at its end to stop it, so
@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::Window;
-use crate::heapprof::symbolize::Frame;
-use crate::heapprof::{Growth, StackGrowth};
+use plateau_profile::symbolize::Frame;
+use plateau_profile::{Growth, StackGrowth};
 
 const READER: &str = include_str!("memray_window.py");
 

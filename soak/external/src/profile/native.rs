@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use object::read::elf::{ElfFile64, ProgramHeader};
 
 use super::{Window, DUMP_REQUEST_ENV};
-use crate::heapprof::symbolize::Frame;
-use crate::heapprof::{growth_between, read_dump, Growth, Symbolize};
+use plateau_profile::symbolize::Frame;
+use plateau_profile::{growth_between, read_dump, Growth, Symbolize};
 
 /// plateau's dump trigger, built from `dumper.c` by the build script.
 const DUMPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libplateau_dump.so"));

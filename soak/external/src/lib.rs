@@ -36,12 +36,12 @@ use std::time::{Duration, Instant};
 
 use plateau_reports::{Kind, MetricSpec};
 
-use crate::driver::{plan_run, prepare_out_dir, run_with, AbortCounts, RunError, RunOptions, RunResult};
-use crate::probes::PURGED_ONLY;
-use crate::scenario::Scenario;
 use client::{Client, ClientError};
 use http_target::HttpTarget;
 use mapping::Mapping;
+use plateau_driver::{plan_run, prepare_out_dir, run_with, AbortCounts, RunError, RunOptions, RunResult};
+use plateau_probes::probes::PURGED_ONLY;
+use plateau_scenario::Scenario;
 
 /// Poll period of the readiness and quiescence waits.
 const POLL: Duration = Duration::from_millis(20);
@@ -220,9 +220,9 @@ fn is_page_level(name: &str) -> bool {
 }
 
 /// The sizes phase plans take from the scenario's engine section, standing for the server's.
-fn shape_of(s: &Scenario, seed: u64) -> crate::driver::target::Shape {
+fn shape_of(s: &Scenario, seed: u64) -> plateau_driver::target::Shape {
     let c = s.engine.to_config(plateau_engine::Injections::default(), seed);
-    crate::driver::target::Shape {
+    plateau_driver::target::Shape {
         vocab_size: vocab_size(s),
         pool_tokens: c.num_kv_blocks * c.block_size,
         max_num_seqs: c.max_num_seqs,
@@ -332,7 +332,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         return Err(RunError::Input("--inject switches on leaks in plateau's own engine; with --target, give them to the server (plateau serve --inject NAME)".into()));
     }
     // A server is sampled at quiescent points only (`run` refuses --sample-interval-ms > 0).
-    let plan = crate::driver::RunPlan { interval: None, ..plan_run(scenario, opts)? };
+    let plan = plateau_driver::RunPlan { interval: None, ..plan_run(scenario, opts)? };
     let mapping = match &ext.metrics_map {
         Some(p) => Mapping::with_file(p).map_err(RunError::Input)?,
         None => Mapping::built_in(),
@@ -442,7 +442,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         control,
         aborts: AbortCounts::default(),
         ext,
-        own: crate::probes::ProcessProbes::new(),
+        own: plateau_probes::probes::ProcessProbes::new(),
         last_mappings: Vec::new(),
         last_role_mappings: BTreeMap::new(),
         shape: shape_of(scenario, plan.seed),
@@ -474,7 +474,7 @@ fn note_dialect(out_dir: &std::path::Path, found: &dialect::Found) -> Result<(),
         serde_json::from_str(&text).map_err(|e| RunError::Harness(format!("{}: {e}", path.display())))?;
     env.dialect = Some(format!("{}: {}", found.dialect.name(), found.found));
     let text = serde_json::to_string_pretty(&env).map_err(|e| RunError::Harness(e.to_string()))? + "\n";
-    crate::fsutil::write_atomic(&path, text.as_bytes())
+    plateau_reports::fsutil::write_atomic(&path, text.as_bytes())
         .map_err(|e| RunError::Harness(format!("{}: {e}", path.display())))
 }
 

@@ -28,10 +28,10 @@ pub mod native;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::heapprof::{write_files, Growth, GrowthRecord};
 pub use kind::{classify, ServerKind};
+use plateau_profile::{write_files, Growth, GrowthRecord};
 
-pub use crate::driver::SERVERS_FILE;
+pub use plateau_driver::SERVERS_FILE;
 
 /// The environment variable that tells plateau's dump trigger, preloaded into a native server,
 /// where plateau asks for dumps.
@@ -138,7 +138,7 @@ impl ExternalReplay<'_> {
 
     fn args(&self, env: &[(String, String)]) -> Vec<String> {
         let window = (self.start_iter, self.end_iter);
-        let mut a = crate::heapprof::replay::window_run_args(self.scenario, self.seed, window, &self.out());
+        let mut a = plateau_profile::replay::window_run_args(self.scenario, self.seed, window, &self.out());
         a.extend(self.target_args.iter().cloned());
         a.extend(self.launch.args(env));
         if matches!(self.kind, ServerKind::Python { .. }) {
@@ -159,14 +159,14 @@ impl ExternalReplay<'_> {
         let out = self.out();
         let _ = std::fs::remove_dir_all(&out);
         // The replay's own run directory, marked before the profiler's files go in.
-        crate::fsutil::claim_run_dir(&out)?;
+        plateau_reports::fsutil::claim_run_dir(&out)?;
         let env = match self.kind {
             ServerKind::Python { .. } => memray::prepare(&out)?,
             ServerKind::Native { .. } => native::prepare(&out)?,
             ServerKind::OwnAllocator { .. } => return Err(self.kind.describe()),
         };
         let command = self.command(&env);
-        crate::heapprof::replay::run_to_its_end(Command::new(self.exe).args(self.args(&env)))?;
+        plateau_profile::replay::run_to_its_end(Command::new(self.exe).args(self.args(&env)))?;
         let window = Window::read(&out)?;
         let growth: Growth = match self.kind {
             ServerKind::Python { exe } => {
@@ -180,7 +180,7 @@ impl ExternalReplay<'_> {
         };
         write_files(self.run_dir, &growth, self.requests_per_iter, &command)?;
         let replay = growth.bytes_per_iter();
-        let reproduced = crate::heapprof::replay::reproduces(replay, self.run_bytes_per_iter, REPRODUCED_WITHIN);
+        let reproduced = plateau_profile::replay::reproduces(replay, self.run_bytes_per_iter, REPRODUCED_WITHIN);
         let record = GrowthRecord {
             metric: self.metric.to_string(),
             start_iter: window.iters[0],
@@ -200,7 +200,7 @@ impl ExternalReplay<'_> {
             }),
             also: self.also.clone(),
         };
-        crate::heapprof::write_record(self.run_dir, &record)?;
+        plateau_profile::write_record(self.run_dir, &record)?;
         Ok(record)
     }
 }
