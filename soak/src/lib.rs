@@ -18,6 +18,7 @@ pub use plateau_profile as heapprof;
 pub use plateau_reports::fsutil;
 pub use plateau_scenario as scenario;
 pub use plateau_scenario::workload;
+pub use plateau_search as shrink;
 pub use plateau_serve as serve;
 
 /// jemalloc is the allocator of everything that links this crate (the `plateau` binary and the
@@ -40,4 +41,3 @@ pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
 pub mod environment;
 pub mod selftest;
-pub mod shrink;

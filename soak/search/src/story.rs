@@ -254,7 +254,7 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         "candidates": i.records,
     });
     let put = |name: &str, text: &str| {
-        crate::fsutil::write_atomic(&i.out_dir.join(name), text.as_bytes())
+        plateau_reports::fsutil::write_atomic(&i.out_dir.join(name), text.as_bytes())
             .map_err(|e| format!("{}: {e}", i.out_dir.join(name).display()))
     };
     put("minimal.toml", &minimal)?;

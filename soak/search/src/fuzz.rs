@@ -160,8 +160,11 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
         "out_of_budget": runner.out_of_budget,
     });
     let path = opts.out_dir.join("fuzz.json");
-    crate::fsutil::write_atomic(&path, (serde_json::to_string_pretty(&json).unwrap_or_default() + "\n").as_bytes())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    plateau_reports::fsutil::write_atomic(
+        &path,
+        (serde_json::to_string_pretty(&json).unwrap_or_default() + "\n").as_bytes(),
+    )
+    .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(Fuzzed { records: runner.records, drawn: mixes.len(), judged: judged_cases, undecided, failure, own_failure })
 }
 

@@ -350,7 +350,7 @@ fn without_injections(flags: &[String]) -> Vec<String> {
 /// A run directory's verdict, through the one loader: verdict.json while it judged exactly the
 /// samples beside it, else judged again (and said so).
 pub fn read_verdict(dir: &Path) -> Result<Verdict, String> {
-    let run = crate::analysis::load_run(dir)?;
+    let run = plateau_analysis::load_run(dir)?;
     if let (Some(why), true) = (&run.judged_again, run.had_verdict) {
         eprintln!("plateau: {why}: judged again from samples.jsonl");
     }

@@ -267,7 +267,7 @@ impl Search<'_> {
 fn link_from_report(run_dir: &Path, verdict: &plateau_reports::Verdict) {
     let drawn = plateau_reports::Samples::read(&run_dir.join("samples.jsonl"))
         .map_err(|e| e.to_string())
-        .and_then(|s| crate::analysis::write_outputs(run_dir, &s, verdict).map_err(|e| e.to_string()));
+        .and_then(|s| plateau_analysis::write_outputs(run_dir, &s, verdict).map_err(|e| e.to_string()));
     if let Err(e) = drawn {
         eprintln!("plateau: shrink: warning: {}/report.html not redrawn: {e}", run_dir.display());
     }
@@ -299,7 +299,7 @@ fn list(items: impl Iterator<Item = usize>) -> String {
 /// at the first quiescent point that shows the failure, and against an external server when an
 /// abort lands is a race, so the replay must not be cut where the original happened to show it.
 fn replay_length(verdict: &plateau_reports::Verdict, signature: &Signature, original: &Table) -> u64 {
-    let stopped = verdict.warnings.iter().any(|w| w.contains(crate::driver::STOPPED_ON_EXACT_FAILURE))
+    let stopped = verdict.warnings.iter().any(|w| w.contains(plateau_driver::STOPPED_ON_EXACT_FAILURE))
         || (verdict.incomplete && signature.exact);
     let planned = features::length(original).filter(|_| stopped).unwrap_or(0);
     verdict.iterations.max(planned).max(1)
