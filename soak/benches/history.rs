@@ -10,6 +10,9 @@ use plateau_soak::detector::judge;
 use plateau_soak::history::show::{html, markdown, ShowFilter};
 use plateau_soak::history::store::{add, RunRecord};
 
+// The harness's allocator, as the `plateau` binary has it.
+plateau_probes::install_harness_allocator!();
+
 const METRICS: usize = 55;
 const ITERATIONS: u64 = 200;
 

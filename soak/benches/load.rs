@@ -11,6 +11,9 @@ use plateau_soak::external::client::{Action, Client};
 use plateau_soak::scenario::Scenario;
 use plateau_soak::serve::{engine_loop, http};
 
+// The harness's allocator, as the `plateau` binary has it.
+plateau_probes::install_harness_allocator!();
+
 const BATCH: usize = 64;
 
 /// `plateau serve` for the n-sampling scenario's engine, on a port of its own; its base URL.

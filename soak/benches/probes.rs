@@ -10,6 +10,9 @@ use plateau_soak::probes::{read_jemalloc, read_proc, settle_allocator, ProcessPr
 use plateau_soak::scenario::{Phase, Scenario};
 use plateau_soak::workload::Workload;
 
+// The harness's allocator, as the `plateau` binary has it.
+plateau_probes::install_harness_allocator!();
+
 fn probes(c: &mut Criterion) {
     let (s, _) = Scenario::load("n-sampling").unwrap();
     let engine = build_engine(&s, "cpu", Injections::none(), 0).unwrap();

@@ -10,6 +10,9 @@ use plateau_engine::{Backend, CpuBackend, ModelConfig, ModelWeights};
 use plateau_soak::pd::region::RegionCache;
 use plateau_soak::pd::wire::{read_frame, write_frame};
 
+// The harness's allocator, as the `plateau` binary has it.
+plateau_probes::install_harness_allocator!();
+
 const BLOCK_SIZE: usize = 16;
 
 fn backend() -> CpuBackend {

@@ -1,7 +1,12 @@
-//! plateau-soak: the soak harness: the driver, probes, P/D transports, `plateau selftest`, and the
-//! `plateau` binary (main.rs), a thin command-line shell over this library. The scenario format and
-//! the workload generator are `plateau-scenario`'s, the detector `plateau-detector`'s (re-exported
-//! here).
+//! plateau-soak: the `plateau` binary (main.rs, a thin command-line shell whose subcommands are
+//! in `cli/`), `plateau selftest` and the run's environment record. The harness itself is in
+//! crates named for what they hold, re-exported here under the paths the binary, the tests and
+//! the benches use: process probes (`plateau-probes`), the driver (`plateau-driver`), plateau's
+//! engine served over HTTP (`plateau-serve`) and as a P/D pair (`plateau-pd`), other servers as
+//! targets (`plateau-external`), the judge of a run directory (`plateau-analysis`), heap profiles
+//! (`plateau-profile`), shrink and fuzz (`plateau-search`), bisect and history; the scenario
+//! format and the detector are `plateau-scenario`'s and `plateau-detector`'s. The allocator is the
+//! binary's (`plateau_probes::install_harness_allocator!`), never this library's.
 
 pub use plateau_analysis as analysis;
 pub use plateau_analysis::explain;
@@ -20,24 +25,6 @@ pub use plateau_scenario as scenario;
 pub use plateau_scenario::workload;
 pub use plateau_search as shrink;
 pub use plateau_serve as serve;
-
-/// jemalloc is the allocator of everything that links this crate (the `plateau` binary and the
-/// tests), unprefixed so that C libraries' malloc is counted too; the harness's own allocations go
-/// to an arena of their own ([`arena`]).
-#[global_allocator]
-static GLOBAL: arena::Allocator = arena::Allocator;
-
-/// A C string pointer that may live in a static.
-#[repr(transparent)]
-pub struct ConfPtr(*const std::ffi::c_char);
-
-// SAFETY: it points at a string literal, immutable for the program's life.
-unsafe impl Sync for ConfPtr {}
-
-/// jemalloc reads its options from this symbol at its first allocation (unprefixed build):
-/// [`probes::MALLOC_CONF`].
-#[export_name = "malloc_conf"]
-pub static JEMALLOC_CONF: ConfPtr = ConfPtr(probes::MALLOC_CONF.as_ptr());
 
 pub mod environment;
 pub mod selftest;

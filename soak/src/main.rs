@@ -9,6 +9,9 @@ use clap::{Parser, Subcommand};
 
 mod cli;
 
+// The harness's allocator is the binary's choice: jemalloc with the harness's own arena.
+plateau_probes::install_harness_allocator!();
+
 #[derive(Parser)]
 #[command(
     name = "plateau",

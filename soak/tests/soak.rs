@@ -3,6 +3,9 @@
 //! build on two cores. Run one file's tests by its module: `cargo test --release -p
 //! plateau-soak --test soak topology::`.
 
+// The harness's allocator, as the `plateau` binary has it (in-process runs read jemalloc).
+plateau_probes::install_harness_allocator!();
+
 mod common;
 
 mod bisect;

@@ -30,9 +30,34 @@ thread_local! {
 /// The harness arena's index plus one (0: not created yet).
 static ARENA: AtomicU32 = AtomicU32::new(0);
 
-/// The global allocator of everything that links plateau-soak: jemalloc, with the harness's scopes
-/// sent to their own arena.
+/// The harness's global allocator: jemalloc, with the harness's scopes sent to their own arena.
+/// A program installs it with [`install_harness_allocator!`]; a library never does.
 pub struct Allocator;
+
+/// A C string pointer that may live in a static (jemalloc's `malloc_conf`).
+#[repr(transparent)]
+pub struct ConfPtr(pub *const std::ffi::c_char);
+
+// SAFETY: it points at a string literal, immutable for the program's life.
+unsafe impl Sync for ConfPtr {}
+
+/// Installs the harness's allocator in the program that invokes it (the `plateau` binary, the
+/// harness's test and bench binaries): [`Allocator`] as the global allocator, jemalloc unprefixed
+/// so that C libraries' malloc is counted too, and jemalloc's options
+/// ([`crate::probes::MALLOC_CONF`]) in the `malloc_conf` symbol it reads at its first allocation.
+/// Only a program decides its allocator: a library that linked one in would impose it on every
+/// program using it.
+#[macro_export]
+macro_rules! install_harness_allocator {
+    () => {
+        #[global_allocator]
+        static PLATEAU_GLOBAL: $crate::arena::Allocator = $crate::arena::Allocator;
+
+        #[export_name = "malloc_conf"]
+        pub static PLATEAU_JEMALLOC_CONF: $crate::arena::ConfPtr =
+            $crate::arena::ConfPtr($crate::probes::MALLOC_CONF.as_ptr());
+    };
+}
 
 /// The mallocx flags of a harness allocation, or None on the usual path.
 #[inline]
