@@ -34,6 +34,21 @@ static ARENA: AtomicU32 = AtomicU32::new(0);
 /// A program installs it with [`install_harness_allocator!`]; a library never does.
 pub struct Allocator;
 
+/// jemalloc's configuration in the `plateau` binary (read at its first allocation): freed pages
+/// stay with the allocator instead of going back to the kernel on a timer. Pages then go back
+/// only when a sample purges them (`probes::Settle::Purge`), so what the kernel sees at a purged point
+/// depends on the run's allocations alone, not on the wall clock, and the engine spends no time
+/// in timed purges.
+///
+/// No thread cache (`tcache:false`): a thread cache is garbage-collected every so many bytes the
+/// thread allocates, harness allocations included, so a timer sample taken whenever the clock says
+/// moved the engine's cached objects back to their slabs at another point in each run, and three
+/// runs of one seed differed in `jemalloc.active` by one to seven pages at most quiescent points.
+/// Without it (and with the harness in its own arena, above) they agree to the page; a
+/// 40-iteration `mixed` run took 5.0-5.6 s with it off and 5.2 s with it on. The `MALLOC_CONF`
+/// environment variable still overrides each option it names.
+pub const MALLOC_CONF: &std::ffi::CStr = c"dirty_decay_ms:-1,muzzy_decay_ms:-1,tcache:false";
+
 /// A C string pointer that may live in a static (jemalloc's `malloc_conf`).
 #[repr(transparent)]
 pub struct ConfPtr(pub *const std::ffi::c_char);
@@ -44,7 +59,7 @@ unsafe impl Sync for ConfPtr {}
 /// Installs the harness's allocator in the program that invokes it (the `plateau` binary, the
 /// harness's test and bench binaries): [`Allocator`] as the global allocator, jemalloc unprefixed
 /// so that C libraries' malloc is counted too, and jemalloc's options
-/// ([`crate::probes::MALLOC_CONF`]) in the `malloc_conf` symbol it reads at its first allocation.
+/// ([`MALLOC_CONF`]) in the `malloc_conf` symbol it reads at its first allocation.
 /// Only a program decides its allocator: a library that linked one in would impose it on every
 /// program using it.
 #[macro_export]
@@ -55,7 +70,7 @@ macro_rules! install_harness_allocator {
 
         #[export_name = "malloc_conf"]
         pub static PLATEAU_JEMALLOC_CONF: $crate::arena::ConfPtr =
-            $crate::arena::ConfPtr($crate::probes::MALLOC_CONF.as_ptr());
+            $crate::arena::ConfPtr($crate::arena::MALLOC_CONF.as_ptr());
     };
 }
 

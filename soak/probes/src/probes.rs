@@ -175,20 +175,7 @@ impl ProcessProbes {
     }
 }
 
-/// jemalloc's configuration in the `plateau` binary (read at its first allocation): freed pages
-/// stay with the allocator instead of going back to the kernel on a timer. Pages then go back
-/// only when a sample purges them ([`Settle::Purge`]), so what the kernel sees at a purged point
-/// depends on the run's allocations alone, not on the wall clock, and the engine spends no time
-/// in timed purges.
-///
-/// No thread cache (`tcache:false`): a thread cache is garbage-collected every so many bytes the
-/// thread allocates, harness allocations included, so a timer sample taken whenever the clock says
-/// moved the engine's cached objects back to their slabs at another point in each run, and three
-/// runs of one seed differed in `jemalloc.active` by one to seven pages at most quiescent points.
-/// Without it (and with the harness in its own arena, `arena.rs`) they agree to the page; a
-/// 40-iteration `mixed` run took 5.0-5.6 s with it off and 5.2 s with it on. The `MALLOC_CONF`
-/// environment variable still overrides each option it names.
-pub const MALLOC_CONF: &std::ffi::CStr = c"dirty_decay_ms:-1,muzzy_decay_ms:-1,tcache:false";
+pub use crate::arena::MALLOC_CONF;
 
 /// Advances jemalloc's epoch and reads its statistics, less the harness arena's share (see
 /// `arena.rs`: what the sampling itself holds is not the engine's).
