@@ -137,26 +137,42 @@ impl Scheduler {
     pub fn schedule(&mut self, cx: &mut SchedCtx, on_error: &mut OnError) -> SchedulerOutput {
         let mut out = SchedulerOutput::default();
         let mut budget = self.max_num_batched_tokens;
+        // A step that had to preempt admits nothing new: the room it freed goes to what runs.
+        if !self.schedule_running(cx, on_error, &mut out, &mut budget) {
+            self.admit_waiting(cx, on_error, &mut out, budget);
+        }
+        out
+    }
+
+    /// The running sequences' next chunks, in order, within `budget`; a sequence that finds no
+    /// room preempts the newest (itself last). Returns whether anything was preempted.
+    fn schedule_running(
+        &mut self,
+        cx: &mut SchedCtx,
+        on_error: &mut OnError,
+        out: &mut SchedulerOutput,
+        budget: &mut usize,
+    ) -> bool {
         let mut preempted = false;
         let mut i = 0;
         // Bounded: each pass either advances `i` or removes one sequence from `running`.
-        while i < self.running.len() && budget > 0 {
+        while i < self.running.len() && *budget > 0 {
             let sid = *self.running.iter().nth(i).expect("index in range");
             let s = cx.store.seq(sid);
-            let (start, len) = (s.num_computed, (s.tokens.len() - s.num_computed).min(budget));
+            let (start, len) = (s.num_computed, (s.tokens.len() - s.num_computed).min(*budget));
             match cx.kv.allocate(sid, &[], start, start + len) {
                 Ok(copies) => {
                     out.copies.extend(copies);
                     let want_logits = start + len == s.tokens.len();
                     out.chunks.push(Chunk { seq: sid, start, len, want_logits });
-                    budget -= len;
+                    *budget -= len;
                     i += 1;
                 }
                 Err(e) => {
                     preempted = true;
                     let victim = *self.running.back().expect("running is not empty");
                     if victim != sid {
-                        self.preempt(victim, cx, &mut out);
+                        self.preempt(victim, cx, out);
                     } else if self.running.len() == 1 && !cx.held_may_free {
                         // Alone and still no room: it can never fit.
                         self.remove(sid);
@@ -166,14 +182,23 @@ impl Scheduler {
                         );
                         on_error(cx, sid, why);
                     } else {
-                        self.preempt(sid, cx, &mut out);
+                        self.preempt(sid, cx, out);
                     }
                 }
             }
         }
-        if preempted {
-            return out;
-        }
+        preempted
+    }
+
+    /// Admits waiting sequences first come, first served, while `budget`, the sequence limit, the
+    /// encoder's budget and the KV cache allow; a request that can never be served is reported.
+    fn admit_waiting(
+        &mut self,
+        cx: &mut SchedCtx,
+        on_error: &mut OnError,
+        out: &mut SchedulerOutput,
+        mut budget: usize,
+    ) {
         let mut encoder_budget = self.max_encoder_tokens_per_step;
         while budget > 0 {
             let Some(&sid) = self.waiting.front() else {
@@ -190,7 +215,7 @@ impl Scheduler {
             let hits = cx.kv.prefix_hits(&s.tokens, &extra);
             let start = hits.len() * cx.kv.block_size();
             let hopeless = self.running.is_empty() && out.chunks.is_empty() && !cx.held_may_free;
-            match self.ensure_images(request, start, &mut encoder_budget, cx, &mut out) {
+            match self.ensure_images(request, start, &mut encoder_budget, cx, out) {
                 Images::Ready => {}
                 // Encoding takes its step: the request prefills in a later one (FCFS holds).
                 Images::EncodeNow | Images::StepBudgetSpent => break,
@@ -233,7 +258,6 @@ impl Scheduler {
                 Err(_) => break,
             }
         }
-        out
     }
 
     /// Makes sure request `rid` holds the encoder outputs of every image with placeholders at or

@@ -159,40 +159,8 @@ impl Backend for CpuBackend {
                 t.copy_within(s..s + bs * kvd, d);
             }
         }
-        // Flatten the batch: token t belongs to chunk owner[t] at position positions[t].
-        let mut tokens = Vec::new();
-        let mut positions = Vec::new();
-        let mut owner = Vec::new();
-        for (ci, ch) in batch.chunks.iter().enumerate() {
-            for (j, &tok) in ch.tokens.iter().enumerate() {
-                if tok as usize >= c.vocab_size {
-                    return Err(EngineError::Backend(format!("token id {tok} outside the vocabulary")));
-                }
-                tokens.push(tok);
-                positions.push(ch.start_pos + j);
-                owner.push(ci);
-            }
-        }
-        let t = tokens.len();
-        let mut x = vec![0.0f32; t * h];
-        for (row, &tok) in x.chunks_exact_mut(h).zip(&tokens) {
-            row.copy_from_slice(&w.embed()[tok as usize * h..(tok as usize + 1) * h]);
-        }
-        // Image placeholders take the encoder's embeddings.
-        let mut base = 0;
-        for ch in &batch.chunks {
-            for (img_start, e) in &ch.embeds {
-                let rows = e.len() / h;
-                for j in 0..ch.tokens.len() {
-                    let pos = ch.start_pos + j;
-                    if pos >= *img_start && pos < img_start + rows {
-                        let r = pos - img_start;
-                        x[(base + j) * h..(base + j + 1) * h].copy_from_slice(&e[r * h..(r + 1) * h]);
-                    }
-                }
-            }
-            base += ch.tokens.len();
-        }
+        let Embedded { mut x, positions, owner } = embed(w, c, batch)?;
+        let t = positions.len();
         let scale = 1.0 / (hd as f32).sqrt();
         let group = nh / nkv;
         // Offset of every position's KV slot, per chunk, computed once for all layers.
@@ -249,4 +217,53 @@ impl Backend for CpuBackend {
         let logits = linear(&normed, w.lm_head(), n_rows, h, c.vocab_size);
         Ok(logits.chunks_exact(c.vocab_size).map(<[f32]>::to_vec).collect())
     }
+}
+
+/// A batch flattened to its tokens: `x` their embeddings (row `t` of width `hidden_size`, image
+/// placeholders taking the encoder's rows), token `t` of chunk `owner[t]` at `positions[t]`.
+struct Embedded {
+    x: Vec<f32>,
+    positions: Vec<usize>,
+    owner: Vec<usize>,
+}
+
+/// The batch's tokens embedded, image placeholders replaced by the encoder's embeddings; a token
+/// outside the vocabulary is the backend's error.
+fn embed(w: &ModelWeights, c: &ModelConfig, batch: &ForwardBatch) -> Result<Embedded> {
+    let h = c.hidden_size;
+    // Flatten the batch: token t belongs to chunk owner[t] at position positions[t].
+    let mut tokens = Vec::new();
+    let mut positions = Vec::new();
+    let mut owner = Vec::new();
+    for (ci, ch) in batch.chunks.iter().enumerate() {
+        for (j, &tok) in ch.tokens.iter().enumerate() {
+            if tok as usize >= c.vocab_size {
+                return Err(EngineError::Backend(format!("token id {tok} outside the vocabulary")));
+            }
+            tokens.push(tok);
+            positions.push(ch.start_pos + j);
+            owner.push(ci);
+        }
+    }
+    let t = tokens.len();
+    let mut x = vec![0.0f32; t * h];
+    for (row, &tok) in x.chunks_exact_mut(h).zip(&tokens) {
+        row.copy_from_slice(&w.embed()[tok as usize * h..(tok as usize + 1) * h]);
+    }
+    // Image placeholders take the encoder's embeddings.
+    let mut base = 0;
+    for ch in &batch.chunks {
+        for (img_start, e) in &ch.embeds {
+            let rows = e.len() / h;
+            for j in 0..ch.tokens.len() {
+                let pos = ch.start_pos + j;
+                if pos >= *img_start && pos < img_start + rows {
+                    let r = pos - img_start;
+                    x[(base + j) * h..(base + j + 1) * h].copy_from_slice(&e[r * h..(r + 1) * h]);
+                }
+            }
+        }
+        base += ch.tokens.len();
+    }
+    Ok(Embedded { x, positions, owner })
 }

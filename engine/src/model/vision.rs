@@ -28,27 +28,7 @@ pub fn encode(cfg: &ModelConfig, w: &ModelWeights, px: &PixelTensor) -> Vec<f32>
     assert!(gw % m == 0 && gh % m == 0, "image not on the encoder's grid");
     let n = gw * gh;
     let pdim = 3 * p * p;
-    // Patchify in merge-group order.
-    let mut patches = Vec::with_capacity(n * pdim);
-    let mut rows = Vec::with_capacity(n);
-    for gy in 0..gh / m {
-        for gx in 0..gw / m {
-            for dy in 0..m {
-                for dx in 0..m {
-                    let (py, pxx) = (gy * m + dy, gx * m + dx);
-                    rows.push((py, pxx));
-                    for c in 0..3 {
-                        for yy in 0..p {
-                            for xx in 0..p {
-                                let (y, x) = (py * p + yy, pxx * p + xx);
-                                patches.push(px.values[(y * px.width as usize + x) * 3 + c]);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    let (patches, rows) = patchify(px, p, m);
     let vw = w.vision();
     let mut x = linear(&patches, vw.patch_embed, n, pdim, vh);
     // Fixed 2-D sinusoidal positions: the first half of the width from the row, the rest the column.
@@ -134,4 +114,33 @@ pub fn encode(cfg: &ModelConfig, w: &ModelWeights, px: &PixelTensor) -> Vec<f32>
     let mut g = linear(&hn, vw.merger_fc1, groups, merged_in, merged_in);
     g.iter_mut().for_each(|a| *a = gelu(*a));
     linear(&g, vw.merger_fc2, groups, merged_in, cfg.hidden_size)
+}
+
+/// The image's patches in merge-group order (each `3 * p * p` values, channel-major), and each
+/// patch's (row, column) on the patch grid.
+fn patchify(px: &PixelTensor, p: usize, m: usize) -> (Vec<f32>, Vec<(usize, usize)>) {
+    let (gw, gh) = (px.width as usize / p, px.height as usize / p);
+    let n = gw * gh;
+    let pdim = 3 * p * p;
+    let mut patches = Vec::with_capacity(n * pdim);
+    let mut rows = Vec::with_capacity(n);
+    for gy in 0..gh / m {
+        for gx in 0..gw / m {
+            for dy in 0..m {
+                for dx in 0..m {
+                    let (py, pxx) = (gy * m + dy, gx * m + dx);
+                    rows.push((py, pxx));
+                    for c in 0..3 {
+                        for yy in 0..p {
+                            for xx in 0..p {
+                                let (y, x) = (py * p + yy, pxx * p + xx);
+                                patches.push(px.values[(y * px.width as usize + x) * 3 + c]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (patches, rows)
 }
