@@ -105,7 +105,7 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
         !s.header.metrics.contains_key(&format!("{p}jemalloc.allocated")) && !python_layered(s, p)
     };
     let layered = |name: &str| python_layered(s, process_of(name));
-    let snapshot: Vec<(String, f64, f64, bool)> = metrics
+    let snapshot: Vec<Outside> = metrics
         .iter()
         .filter(|m| m.status == Status::Fail && m.kind == "gauge" && kernel_family(&m.name) && !unknown_heap(&m.name))
         .filter(|m| m.location.is_none() && !layered(&m.name))
@@ -149,36 +149,8 @@ pub fn attribute(s: &Samples, metrics: &mut [MetricVerdict], cfg: &DetectorConfi
             m.reason.push_str(&format!("; moved with it: {}", moved_text.join(", ")));
         }
     }
-    // The heap, with bytes per leaked entry of each per-request registry that grew with it.
-    for heap in metrics.iter().filter(|m| m.status == Status::Fail && m.name.ends_with("jemalloc.allocated")) {
-        let rate = heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter);
-        let per_entry: Vec<String> = moved
-            .iter()
-            .filter(|(n, sl)| *sl >= 1.0 && s.header.metrics[n].kind == Kind::PerRequest)
-            .map(|(n, sl)| format!("about {} per entry of {n}", fmt_value(rate / sl, "bytes")))
-            .collect();
-        let per_entry = if per_entry.is_empty() { String::new() } else { format!(" ({})", per_entry.join(", ")) };
-        out.push(format!("heap: {} grows {}/iteration{per_entry}", heap.name, fmt_value(rate, "bytes")));
-    }
-    // Outside the heap, per process: what grows, against that process's heap.
-    let mut processes: Vec<&str> = snapshot.iter().filter(|x| x.3).map(|x| process_of(&x.0)).collect();
-    processes.dedup();
-    for p in processes {
-        let grown: Vec<&(String, f64, f64, bool)> = snapshot.iter().filter(|x| x.3 && process_of(&x.0) == p).collect();
-        let lead = grown.iter().find(|x| x.0.ends_with("anon_outside_heap")).unwrap_or(&grown[0]);
-        let heap_name = format!("{p}jemalloc.allocated");
-        let heap_says = if failing(metrics, &heap_name) {
-            format!("{heap_name} grows only {}/iteration", fmt_value(lead.2, "bytes"))
-        } else {
-            format!("{heap_name} stays flat ({}/iteration)", fmt_value(lead.2, "bytes"))
-        };
-        out.push(format!(
-            "outside the heap: {} grow ({} {}/iteration) while {heap_says}: mappings made outside the allocator",
-            grown.iter().map(|x| x.0.as_str()).collect::<Vec<_>>().join(", "),
-            lead.0,
-            fmt_value(lead.1, "bytes"),
-        ));
-    }
+    out.extend(heap_lines(s, metrics, &moved));
+    out.extend(outside_lines(metrics, &snapshot));
     out.extend(python_lines(s, metrics));
     let unknown: Vec<&MetricVerdict> = metrics
         .iter()
@@ -240,4 +212,51 @@ fn python_lines(s: &Samples, metrics: &[MetricVerdict]) -> Vec<String> {
             }
         })
         .collect()
+}
+
+/// A failing kernel-view gauge of a process with allocator statistics: its name, its rate, its
+/// heap's rate, and whether its growth is outside the heap.
+type Outside = (String, f64, f64, bool);
+
+/// The heap's line for each failing heap, with bytes per leaked entry of each per-request
+/// registry that grew with it.
+fn heap_lines(s: &Samples, metrics: &[MetricVerdict], moved: &[(String, f64)]) -> Vec<String> {
+    let mut out = Vec::new();
+    // The heap, with bytes per leaked entry of each per-request registry that grew with it.
+    for heap in metrics.iter().filter(|m| m.status == Status::Fail && m.name.ends_with("jemalloc.allocated")) {
+        let rate = heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter);
+        let per_entry: Vec<String> = moved
+            .iter()
+            .filter(|(n, sl)| *sl >= 1.0 && s.header.metrics[n].kind == Kind::PerRequest)
+            .map(|(n, sl)| format!("about {} per entry of {n}", fmt_value(rate / sl, "bytes")))
+            .collect();
+        let per_entry = if per_entry.is_empty() { String::new() } else { format!(" ({})", per_entry.join(", ")) };
+        out.push(format!("heap: {} grows {}/iteration{per_entry}", heap.name, fmt_value(rate, "bytes")));
+    }
+    out
+}
+
+/// Outside the heap, per process: what grows, against that process's heap.
+fn outside_lines(metrics: &[MetricVerdict], snapshot: &[Outside]) -> Vec<String> {
+    let failing = |ms: &[MetricVerdict], name: &str| ms.iter().any(|m| m.name == name && m.status == Status::Fail);
+    let mut out = Vec::new();
+    let mut processes: Vec<&str> = snapshot.iter().filter(|x| x.3).map(|x| process_of(&x.0)).collect();
+    processes.dedup();
+    for p in processes {
+        let grown: Vec<&Outside> = snapshot.iter().filter(|x| x.3 && process_of(&x.0) == p).collect();
+        let lead = grown.iter().find(|x| x.0.ends_with("anon_outside_heap")).unwrap_or(&grown[0]);
+        let heap_name = format!("{p}jemalloc.allocated");
+        let heap_says = if failing(metrics, &heap_name) {
+            format!("{heap_name} grows only {}/iteration", fmt_value(lead.2, "bytes"))
+        } else {
+            format!("{heap_name} stays flat ({}/iteration)", fmt_value(lead.2, "bytes"))
+        };
+        out.push(format!(
+            "outside the heap: {} grow ({} {}/iteration) while {heap_says}: mappings made outside the allocator",
+            grown.iter().map(|x| x.0.as_str()).collect::<Vec<_>>().join(", "),
+            lead.0,
+            fmt_value(lead.1, "bytes"),
+        ));
+    }
+    out
 }
