@@ -298,46 +298,12 @@ impl Samples {
             }
             match serde_json::from_str::<SampleLine>(&line) {
                 Ok(s) => {
-                    if let Some(prev) = rows.last() {
-                        if s.t.partial_cmp(&prev.t) != Some(std::cmp::Ordering::Greater) {
-                            return Err(err(
-                                n,
-                                "t",
-                                format!("{} does not increase (the sample before has {})", s.t, prev.t),
-                            ));
-                        }
-                        if s.iter < prev.iter {
-                            return Err(err(
-                                n,
-                                "iter",
-                                format!("{} is below the sample before's {}", s.iter, prev.iter),
-                            ));
-                        }
-                    }
-                    if !s.t.is_finite() {
-                        return Err(err(n, "t", format!("{} is not a finite number of seconds", s.t)));
-                    }
+                    check_order(&s, rows.last()).map_err(|(field, m)| err(n, field, m))?;
                     if let Some(e) = s.end {
                         end = Some((n, e));
                         continue;
                     }
-                    for (name, v) in &s.values {
-                        if !(v.is_finite() && v.abs() <= MAX_VALUE) {
-                            return Err(err(
-                                n,
-                                &format!("values.{name}"),
-                                format!("{v} is past what a level of bytes or a count can be (at most 2^53, where every integer is exact)"),
-                            ));
-                        }
-                        let unit = header.metrics.get(name).map(|m| m.unit.as_str());
-                        if *v < 0.0 && matches!(unit, Some("bytes" | "count")) {
-                            return Err(err(
-                                n,
-                                &format!("values.{name}"),
-                                format!("{v} is negative, and an amount of {} cannot be", unit.unwrap_or("")),
-                            ));
-                        }
-                    }
+                    check_values(&s, &header).map_err(|(field, m)| err(n, &field, m))?;
                     let values = names.iter().map(|m| s.values.get(m).copied()).collect();
                     rows.push(Row { t: s.t, iter: s.iter, quiescent: s.quiescent, values, checks: s.checks });
                 }
@@ -471,6 +437,46 @@ fn header_field(msg: &str) -> String {
         }
     }
     "header".into()
+}
+
+/// A sample's time and iteration against the sample before it, and its time as a number: the
+/// field at fault and why, else nothing.
+fn check_order(s: &SampleLine, prev: Option<&Row>) -> Result<(), (&'static str, String)> {
+    if let Some(prev) = prev {
+        if s.t.partial_cmp(&prev.t) != Some(std::cmp::Ordering::Greater) {
+            return Err(("t", format!("{} does not increase (the sample before has {})", s.t, prev.t)));
+        }
+        if s.iter < prev.iter {
+            return Err(("iter", format!("{} is below the sample before's {}", s.iter, prev.iter)));
+        }
+    }
+    if !s.t.is_finite() {
+        return Err(("t", format!("{} is not a finite number of seconds", s.t)));
+    }
+    Ok(())
+}
+
+/// A sample's values: finite, within what a level can be, and never negative for bytes or counts;
+/// the field at fault and why, else nothing.
+fn check_values(s: &SampleLine, header: &Header) -> Result<(), (String, String)> {
+    for (name, v) in &s.values {
+        if !(v.is_finite() && v.abs() <= MAX_VALUE) {
+            return Err((
+                format!("values.{name}"),
+                format!(
+                    "{v} is past what a level of bytes or a count can be (at most 2^53, where every integer is exact)"
+                ),
+            ));
+        }
+        let unit = header.metrics.get(name).map(|m| m.unit.as_str());
+        if *v < 0.0 && matches!(unit, Some("bytes" | "count")) {
+            return Err((
+                format!("values.{name}"),
+                format!("{v} is negative, and an amount of {} cannot be", unit.unwrap_or("")),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
