@@ -265,21 +265,7 @@ pub async fn run(
         seed,
         spec: spec.clone(),
     });
-    let mut nodes = vec![NodeSlot::new("router".into(), Role::Monolithic)];
-    let (mut prefill, mut decode, mut mono) = (Vec::new(), Vec::new(), Vec::new());
-    for (count, role, prefix) in
-        [(shape.0, Role::Prefill, "prefill"), (shape.1, Role::Decode, "decode"), (shape.2, Role::Monolithic, "mono")]
-    {
-        for k in 0..count {
-            let idx = nodes.len();
-            match role {
-                Role::Prefill => prefill.push(idx),
-                Role::Decode => decode.push(idx),
-                Role::Monolithic => mono.push(idx),
-            }
-            nodes.push(NodeSlot::new(format!("{prefix}{k}"), role));
-        }
-    }
+    let (nodes, prefill, decode, mono) = node_slots(shape);
     let world: Shared = Arc::new(Mutex::new(World {
         t0: Instant::now(),
         trace: Trace::new(keep_trace),
@@ -341,6 +327,27 @@ pub async fn run(
     report.violations = std::mem::take(&mut w.violations);
     report.judge_samples(&spec, std::mem::take(&mut w.samples));
     report
+}
+
+/// The cluster's slots: the router at index 0, then the prefill, decode and monolithic nodes of
+/// `shape` in that order, with the indices of each role's nodes.
+fn node_slots(shape: (usize, usize, usize)) -> (Vec<NodeSlot>, Vec<usize>, Vec<usize>, Vec<usize>) {
+    let mut nodes = vec![NodeSlot::new("router".into(), Role::Monolithic)];
+    let (mut prefill, mut decode, mut mono) = (Vec::new(), Vec::new(), Vec::new());
+    for (count, role, prefix) in
+        [(shape.0, Role::Prefill, "prefill"), (shape.1, Role::Decode, "decode"), (shape.2, Role::Monolithic, "mono")]
+    {
+        for k in 0..count {
+            let idx = nodes.len();
+            match role {
+                Role::Prefill => prefill.push(idx),
+                Role::Decode => decode.push(idx),
+                Role::Monolithic => mono.push(idx),
+            }
+            nodes.push(NodeSlot::new(format!("{prefix}{k}"), role));
+        }
+    }
+    (nodes, prefill, decode, mono)
 }
 
 impl NodeSlot {
