@@ -78,33 +78,7 @@ pub fn explain(dir: &Path) -> Result<(String, Verdict), String> {
         if let Some(l) = &m.location {
             let _ = writeln!(out, "  where: {l}");
         }
-        for s in &m.sites {
-            let f = s.function.as_deref().map(|f| format!(" in {f}")).unwrap_or_default();
-            match (s.count, s.bytes_per_iter) {
-                (Some(n), _) => {
-                    let _ = writeln!(
-                        out,
-                        "  {n} entries inserted at {}:{}{f}, the oldest from iteration {}",
-                        s.file,
-                        s.line,
-                        s.oldest_iter.unwrap_or(0)
-                    );
-                }
-                (None, Some(b)) => {
-                    let per_req =
-                        s.bytes_per_request.map(|r| format!(", {}/request", fmt_value(r, "bytes"))).unwrap_or_default();
-                    let _ = writeln!(
-                        out,
-                        "  allocated at {}:{}{f}: {}/iteration{per_req}, {:.1} objects/iteration",
-                        s.file,
-                        s.line,
-                        fmt_value(b, "bytes"),
-                        s.objects_per_iter.unwrap_or(0.0)
-                    );
-                }
-                _ => {}
-            }
-        }
+        write_sites(&mut out, &m.sites);
     }
     let notes: Vec<&String> = v
         .attribution
@@ -122,6 +96,38 @@ pub fn explain(dir: &Path) -> Result<(String, Verdict), String> {
         let _ = writeln!(out, "profiled replay (growth.txt, growth.pb.gz, growth.svg): {}", g.command);
     }
     Ok((out, v))
+}
+
+/// A failing metric's sites, a line each: where its leaked registry entries were inserted, or
+/// where its heap growth was allocated.
+fn write_sites(out: &mut String, sites: &[plateau_reports::Site]) {
+    for s in sites {
+        let f = s.function.as_deref().map(|f| format!(" in {f}")).unwrap_or_default();
+        match (s.count, s.bytes_per_iter) {
+            (Some(n), _) => {
+                let _ = writeln!(
+                    out,
+                    "  {n} entries inserted at {}:{}{f}, the oldest from iteration {}",
+                    s.file,
+                    s.line,
+                    s.oldest_iter.unwrap_or(0)
+                );
+            }
+            (None, Some(b)) => {
+                let per_req =
+                    s.bytes_per_request.map(|r| format!(", {}/request", fmt_value(r, "bytes"))).unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "  allocated at {}:{}{f}: {}/iteration{per_req}, {:.1} objects/iteration",
+                    s.file,
+                    s.line,
+                    fmt_value(b, "bytes"),
+                    s.objects_per_iter.unwrap_or(0.0)
+                );
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The iteration since which a series has stayed more than `margin` above its first point (the

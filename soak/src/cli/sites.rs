@@ -307,17 +307,7 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
         }
         (k, false) => k,
     });
-    let process = match (&chosen.process, scope) {
-        (Some(p), _) => p.clone(),
-        (None, Some(role)) => role.to_string(),
-        (None, None) => "*".to_string(),
-    };
-    let whose = match (&chosen.process, scope) {
-        (Some(p), Some(r)) => format!("the {p} process of {r}: "),
-        (Some(p), None) => format!("the {p} process: "),
-        (None, Some(r)) => format!("the {r} process: "),
-        (None, None) => String::new(),
-    };
+    let (process, whose) = process_names(chosen.process.as_deref(), scope);
     let record = match (launch, kind) {
         _ if end <= start => note("the run ended within its warm-up: no window to replay".into()),
         (None, _) => note(
@@ -367,6 +357,23 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
         return Some(HARNESS);
     }
     rejudge(r)
+}
+
+/// The process a replay profiles (its name, else the role's, else any: `*`) and how messages name
+/// it ("the engine process of decode: ").
+fn process_names(process: Option<&str>, scope: Option<&str>) -> (String, String) {
+    let name = match (process, scope) {
+        (Some(p), _) => p.to_string(),
+        (None, Some(role)) => role.to_string(),
+        (None, None) => "*".to_string(),
+    };
+    let whose = match (process, scope) {
+        (Some(p), Some(r)) => format!("the {p} process of {r}: "),
+        (Some(p), None) => format!("the {p} process: "),
+        (None, Some(r)) => format!("the {r} process: "),
+        (None, None) => String::new(),
+    };
+    (name, whose)
 }
 
 /// The run's rate over the replay's window of what the replay measures: for a layer of a Python
