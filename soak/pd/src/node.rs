@@ -153,6 +153,52 @@ impl Node {
         Ok(data)
     }
 
+    /// The engine's registries and the transport's regions, as the controller samples them.
+    fn stats(&self) -> Vec<WireMetric> {
+        let mut out = Vec::new();
+        for m in self.engine.stats() {
+            let (kind, capacity) = kind_name(m.kind);
+            out.push(WireMetric {
+                name: m.name,
+                kind,
+                unit: m.unit.into(),
+                capacity,
+                value: m.value as f64,
+                quantum: None,
+            });
+        }
+        let r = &self.regions;
+        out.push(WireMetric {
+            name: "registry.transport.regions".into(),
+            kind: "bounded".into(),
+            unit: "count".into(),
+            capacity: Some(r.capacity() as u64),
+            value: r.len() as f64,
+            quantum: None,
+        });
+        out
+    }
+
+    /// This process's probes, settled as asked: values as measured, each as the process read it.
+    fn probes(&mut self, settle: Settle) -> Vec<WireMetric> {
+        let (mut values, mut cost) = (BTreeMap::new(), BTreeMap::new());
+        self.probes.sample("", settle, &mut values, &mut cost);
+        ProcessProbes::specs("")
+            .into_iter()
+            .filter_map(|(name, spec)| {
+                let value = *values.get(&name)?;
+                Some(WireMetric {
+                    name,
+                    kind: spec.kind.as_str().into(),
+                    unit: spec.unit,
+                    capacity: spec.capacity,
+                    value,
+                    quantum: spec.quantum,
+                })
+            })
+            .collect()
+    }
+
     fn handle(&mut self, call: Call) -> (Reply, Vec<u8>) {
         let e = &mut self.engine;
         let reply = match call {
@@ -190,50 +236,8 @@ impl Node {
                 Ok(data) => return (Reply::Kv, data.iter().flat_map(|f| f.to_le_bytes()).collect()),
                 Err(m) => Reply::Failed(m),
             },
-            Call::Stats => {
-                let mut out = Vec::new();
-                for m in self.engine.stats() {
-                    let (kind, capacity) = kind_name(m.kind);
-                    out.push(WireMetric {
-                        name: m.name,
-                        kind,
-                        unit: m.unit.into(),
-                        capacity,
-                        value: m.value as f64,
-                        quantum: None,
-                    });
-                }
-                let r = &self.regions;
-                out.push(WireMetric {
-                    name: "registry.transport.regions".into(),
-                    kind: "bounded".into(),
-                    unit: "count".into(),
-                    capacity: Some(r.capacity() as u64),
-                    value: r.len() as f64,
-                    quantum: None,
-                });
-                Reply::Stats(out)
-            }
-            Call::Probes { settle } => {
-                let (mut values, mut cost) = (BTreeMap::new(), BTreeMap::new());
-                self.probes.sample("", settle, &mut values, &mut cost);
-                // Values as measured, each probe's as the process read it.
-                let out = ProcessProbes::specs("")
-                    .into_iter()
-                    .filter_map(|(name, spec)| {
-                        let value = *values.get(&name)?;
-                        Some(WireMetric {
-                            name,
-                            kind: spec.kind.as_str().into(),
-                            unit: spec.unit,
-                            capacity: spec.capacity,
-                            value,
-                            quantum: spec.quantum,
-                        })
-                    })
-                    .collect();
-                Reply::Probes(out)
-            }
+            Call::Stats => Reply::Stats(self.stats()),
+            Call::Probes { settle } => Reply::Probes(self.probes(settle)),
             Call::CheckIdle => Reply::Idle(match e.check_idle() {
                 Ok(()) => vec![],
                 Err(v) => v.into_iter().map(|v| (v.metric, v.detail)).collect(),
