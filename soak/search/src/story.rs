@@ -213,23 +213,7 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         let _ = writeln!(s, "- turned off and still failing: {}", gone.join(", "));
     }
     let _ = writeln!(s, "\n## Replay\n\n```\n{}\n```\n", replay(i));
-    let _ = writeln!(s, "## Candidates\n");
-    let _ = writeln!(s, "| # | change | verdict | fails on | iterations | seconds |");
-    let _ = writeln!(s, "|---|---|---|---|---|---|");
-    for r in i.records {
-        let verdict = if r.note.is_empty() { r.verdict.clone() } else { format!("{} ({})", r.verdict, r.note) };
-        let _ = writeln!(
-            s,
-            "| {} | {} | {}{} | {} | {} | {:.1} |",
-            r.id,
-            r.change.replace('|', "\\|"),
-            verdict.replace('|', "\\|"),
-            if r.same_way { " (same way)" } else { "" },
-            r.failing.join(", "),
-            r.iterations,
-            r.secs
-        );
-    }
+    write_candidates(&mut s, i.records);
     let minimal = format!(
         "# The smallest scenario found by `plateau shrink {}` that still fails on {}.\n# Replay: {}\n\n{}",
         i.run_dir.display(),
@@ -261,6 +245,27 @@ pub fn write(i: &Inputs) -> Result<String, String> {
     put("story.md", &s)?;
     put("shrink.json", &(serde_json::to_string_pretty(&json).map_err(|e| e.to_string())? + "\n"))?;
     Ok(s)
+}
+
+/// The table of every candidate run: its change, verdict, what failed, length and seconds.
+fn write_candidates(s: &mut String, records: &[Record]) {
+    let _ = writeln!(s, "## Candidates\n");
+    let _ = writeln!(s, "| # | change | verdict | fails on | iterations | seconds |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|");
+    for r in records {
+        let verdict = if r.note.is_empty() { r.verdict.clone() } else { format!("{} ({})", r.verdict, r.note) };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {}{} | {} | {} | {:.1} |",
+            r.id,
+            r.change.replace('|', "\\|"),
+            verdict.replace('|', "\\|"),
+            if r.same_way { " (same way)" } else { "" },
+            r.failing.join(", "),
+            r.iterations,
+            r.secs
+        );
+    }
 }
 
 fn outcome(r: &Record) -> String {
