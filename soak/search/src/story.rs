@@ -183,29 +183,7 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         "## Needed: without any one of these it does not fail (each checked at the run's length, {})\n",
         count(features::length(i.original).unwrap_or(0), "iteration", "iterations")
     );
-    for c in &kept {
-        let r = &i.records[c.record];
-        let _ = writeln!(s, "- {}: {} {} (candidate {})", c.part, c.off, outcome(r), r.id);
-    }
-    if kept.is_empty() && unchecked.is_empty() {
-        let _ = writeln!(s, "- {}", nothing_needed(&features::phase_kinds(i.minimal)));
-    }
-    if !unchecked.is_empty() {
-        let _ = writeln!(
-            s,
-            "\nNot checked: whether these are needed is undecided, their candidates did not run to a verdict:\n"
-        );
-        for c in &unchecked {
-            let r = &i.records[c.record];
-            let _ = writeln!(s, "- {}: {} {} (candidate {})", c.part, c.off, outcome(r), r.id);
-        }
-    }
-    if !loose.is_empty() {
-        let _ = writeln!(s, "\nStill failing without these (not minimal: the budget ran out):\n");
-        for c in &loose {
-            let _ = writeln!(s, "- {}: {} it still fails (candidate {})", c.part, c.off, i.records[c.record].id);
-        }
-    }
+    write_parts(&mut s, i, &kept, &unchecked, &loose);
     let _ = writeln!(s, "\n## Does not matter\n");
     let dropped = features::phase_count(i.original) - features::phase_count(i.minimal);
     let _ = writeln!(s, "- phases dropped: {dropped} of {}", features::phase_count(i.original));
@@ -245,6 +223,34 @@ pub fn write(i: &Inputs) -> Result<String, String> {
     put("story.md", &s)?;
     put("shrink.json", &(serde_json::to_string_pretty(&json).map_err(|e| e.to_string())? + "\n"))?;
     Ok(s)
+}
+
+/// The parts the leak needs (each turned off and checked), those whose check did not run to a
+/// verdict, and those it still fails without.
+fn write_parts(s: &mut String, i: &Inputs, kept: &[&Check], unchecked: &[&Check], loose: &[&Check]) {
+    for c in kept {
+        let r = &i.records[c.record];
+        let _ = writeln!(s, "- {}: {} {} (candidate {})", c.part, c.off, outcome(r), r.id);
+    }
+    if kept.is_empty() && unchecked.is_empty() {
+        let _ = writeln!(s, "- {}", nothing_needed(&features::phase_kinds(i.minimal)));
+    }
+    if !unchecked.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nNot checked: whether these are needed is undecided, their candidates did not run to a verdict:\n"
+        );
+        for c in unchecked {
+            let r = &i.records[c.record];
+            let _ = writeln!(s, "- {}: {} {} (candidate {})", c.part, c.off, outcome(r), r.id);
+        }
+    }
+    if !loose.is_empty() {
+        let _ = writeln!(s, "\nStill failing without these (not minimal: the budget ran out):\n");
+        for c in loose {
+            let _ = writeln!(s, "- {}: {} it still fails (candidate {})", c.part, c.off, i.records[c.record].id);
+        }
+    }
 }
 
 /// The table of every candidate run: its change, verdict, what failed, length and seconds.
