@@ -4,6 +4,11 @@
 //! command that shows or stores a verdict takes it from there or from the verdict.json written
 //! from it, and none judges with other settings behind the user's back.
 
+// The harness's allocator in this crate's unit tests, as the `plateau` binary has it (the
+// tests read jemalloc's statistics and arenas).
+#[cfg(test)]
+plateau_probes::install_harness_allocator!();
+
 pub mod explain;
 
 use std::path::Path;

@@ -15,6 +15,11 @@
 //! 5. Write bisect.json, story.md and report.html, and remove every worktree, whatever ended the
 //!    bisect (success, failure, Ctrl-C between rounds).
 
+// The harness's allocator in this crate's unit tests, as the `plateau` binary has it (the
+// tests read jemalloc's statistics and arenas).
+#[cfg(test)]
+plateau_probes::install_harness_allocator!();
+
 pub mod git;
 pub mod search;
 

@@ -5,6 +5,11 @@
 //! straight to samples.jsonl through a fixed buffer: the harness keeps no growing state of its own,
 //! so its memory cannot pass for the engine's. The detector then reads the file back.
 
+// The harness's allocator in this crate's unit tests, as the `plateau` binary has it (the
+// tests read jemalloc's statistics and arenas).
+#[cfg(test)]
+plateau_probes::install_harness_allocator!();
+
 mod engine;
 pub mod plan;
 mod run_loop;

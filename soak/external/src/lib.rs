@@ -15,6 +15,11 @@
 //! incomplete verdict, and exits 3. Sleep phases go to the server's control endpoints in its
 //! dialect, found from what it answers ([`dialect`], [`control`]).
 
+// The harness's allocator in this crate's unit tests, as the `plateau` binary has it (the
+// tests read jemalloc's statistics and arenas).
+#[cfg(test)]
+plateau_probes::install_harness_allocator!();
+
 pub mod client;
 pub mod control;
 mod death;

@@ -8,6 +8,11 @@
 //! from its first table (`PRAGMA user_version`): [`open`] applies the migrations a database lacks
 //! and refuses one written by a newer plateau.
 
+// The harness's allocator in this crate's unit tests, as the `plateau` binary has it (the
+// tests read jemalloc's statistics and arenas).
+#[cfg(test)]
+plateau_probes::install_harness_allocator!();
+
 pub mod check;
 pub mod show;
 pub mod store;

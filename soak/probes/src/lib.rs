@@ -11,6 +11,11 @@
 //! - `mappings.rs`: a process's mappings grouped by what backs them, and their growth over a run;
 //! - `system.rs`: the system under test as the driver samples it (one engine, a P/D pair).
 
+// The harness's allocator in this crate's unit tests, as the `plateau` binary has it (the
+// tests read jemalloc's statistics and arenas).
+#[cfg(test)]
+crate::install_harness_allocator!();
+
 pub mod arena;
 pub mod base_blocks;
 pub mod extents;

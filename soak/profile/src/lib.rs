@@ -12,6 +12,11 @@
 //! first), `growth.pb.gz` (the difference as a pprof profile), `growth.svg` (its flamegraph) and
 //! `growth.json` (the sites and the replay's figures, which the verdict's heap metric carries).
 
+// The harness's allocator in this crate's unit tests, as the `plateau` binary has it (the
+// tests read jemalloc's statistics and arenas).
+#[cfg(test)]
+plateau_probes::install_harness_allocator!();
+
 pub mod control;
 pub mod parse;
 pub mod pprof;

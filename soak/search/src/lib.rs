@@ -24,6 +24,11 @@
 //! A candidate that becomes inconclusive, refuses to run or is invalid counts as not failing.
 //! Outputs in the shrink's directory: minimal.toml, story.md, shrink.json, candidates/NNN/.
 
+// The harness's allocator in this crate's unit tests, as the `plateau` binary has it (the
+// tests read jemalloc's statistics and arenas).
+#[cfg(test)]
+plateau_probes::install_harness_allocator!();
+
 mod candidate;
 pub mod ddmin;
 pub mod features;

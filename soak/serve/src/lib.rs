@@ -10,6 +10,11 @@
 //! `GET /is_sleeping`, `POST /reset_prefix_cache`, with the engine's own sleep and wake. Injections
 //! apply as in `plateau run`, so a leak on the sleep path leaks over HTTP too.
 
+// The harness's allocator in this crate's unit tests, as the `plateau` binary has it (the
+// tests read jemalloc's statistics and arenas).
+#[cfg(test)]
+plateau_probes::install_harness_allocator!();
+
 pub mod api;
 pub mod engine_loop;
 pub mod http;
