@@ -70,8 +70,13 @@ impl Symbolizer {
             })
             .ok_or_else(|| format!("the profile's mappings do not show {path} (a profile of another binary?)"))?;
         let loader = addr2line::Loader::new(&canonical).map_err(|e| format!("{}: {e}", canonical.display()))?;
-        let root =
-            Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(|p| format!("{}/", p.display())).unwrap_or_default();
+        // The workspace's root, two levels above this crate (soak/profile): the project's own
+        // files are named from there (`engine/src/output.rs`).
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .nth(2)
+            .map(|p| format!("{}/", p.display()))
+            .unwrap_or_default();
         Ok(Symbolizer { loader, bias, root })
     }
 
