@@ -90,10 +90,16 @@ pub fn main(a: Args) -> u8 {
             return USAGE;
         }
     };
+    tell(&found, &opts, cases as usize)
+}
+
+/// What a fuzz found, said (a failure, shrunk or not; a server that fails on its own; no case
+/// judged; cases undecided; all passed), and its exit code.
+fn tell(found: &fuzz::Fuzzed, opts: &FuzzOptions, asked: usize) -> u8 {
+    let iterations = opts.iterations;
     let ran = found.records.iter().filter(|r| r.secs > 0.0).count();
     let errors = found.records.iter().filter(|r| r.secs > 0.0 && r.verdict == "error").count();
     let judged = found.judged;
-    let asked = cases as usize;
     let fuzz_json = opts.out_dir.join("fuzz.json");
     // Any case that failed is a finding, the injection's or the server's own: never a pass.
     let failed = found.failure.is_some() || found.records.iter().any(|r| r.verdict == "fail");
@@ -120,7 +126,7 @@ pub fn main(a: Args) -> u8 {
         );
         return code;
     }
-    match found.failure {
+    match &found.failure {
         None if code == HARNESS => {
             let why = if ran == 0 {
                 "the budget ran out before the first case"
@@ -157,7 +163,7 @@ pub fn main(a: Args) -> u8 {
             code
         }
         Some((k, shrunk)) => {
-            let r = &found.records[k];
+            let r = &found.records[*k];
             eprintln!("plateau: fuzz: case {k} ({}) failed on {}", r.change, r.failing.join(", "));
             match shrunk {
                 Ok(s) => {

@@ -1,6 +1,6 @@
 //! `plateau history`: runs across nights in an SQLite database.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Subcommand;
 
@@ -83,47 +83,9 @@ enum HistoryCmd {
 /// `plateau history ...`: exit 0, 1 (a regression), 2 (bad input), 3 (cannot write), 4 (nothing
 /// to compare).
 fn history(cmd: HistoryCmd) -> u8 {
-    use plateau_soak::history::{self, HistoryError};
-    let code = |e: HistoryError| match e {
-        HistoryError::Input(m) => {
-            eprintln!("plateau: history: {m}");
-            USAGE
-        }
-        HistoryError::Harness(m) => {
-            eprintln!("plateau: history: {m}");
-            HARNESS
-        }
-    };
+    use plateau_soak::history;
     match cmd {
-        HistoryCmd::Add { run_dirs, db } => {
-            // A directory a run left without samples (refused or failed before its first sample)
-            // is no night: said and skipped, so that `history add runs/*` stores the rest.
-            let (with, without): (Vec<&PathBuf>, Vec<&PathBuf>) =
-                run_dirs.iter().partition(|d| history::store::has_samples(d) || !d.is_dir());
-            for d in &without {
-                eprintln!(
-                    "plateau: history: {}: no samples.jsonl (a run that ended before its first sample): skipped",
-                    d.display()
-                );
-            }
-            if with.is_empty() {
-                eprintln!("plateau: history: none of the directories holds a run's samples: nothing to add");
-                return USAGE;
-            }
-            let runs = match with.iter().map(|d| history::store::read_run(d)).collect::<Result<Vec<_>, _>>() {
-                Ok(r) => r,
-                Err(e) => return code(e),
-            };
-            let added = history::open(&db, true)
-                .and_then(|mut c| history::store::add(&mut c, &db, &runs, &plateau_soak::environment::utc_now()));
-            match added {
-                Ok(n) => {
-                    println!("history: {n} runs added to {} ({} already there)", db.display(), runs.len() - n);
-                    PASS
-                }
-                Err(e) => code(e),
-            }
-        }
+        HistoryCmd::Add { run_dirs, db } => add(&run_dirs, &db),
         HistoryCmd::Show { db, scenario, metric, last, html } => {
             let f = history::show::ShowFilter { scenario, metric, last };
             let page = html.unwrap_or_else(|| db.with_extension("html"));
@@ -142,7 +104,7 @@ fn history(cmd: HistoryCmd) -> u8 {
                     eprintln!("history: page written to {}", page.display());
                     PASS
                 }
-                Err(e) => code(e),
+                Err(e) => error_code(e),
             }
         }
         HistoryCmd::Pin { run_dir, db } => {
@@ -153,48 +115,98 @@ fn history(cmd: HistoryCmd) -> u8 {
                     println!("history: {line}");
                     PASS
                 }
-                Err(e) => code(e),
+                Err(e) => error_code(e),
             }
         }
         HistoryCmd::Check { db, scenario, last, level_tolerance_pct } => {
-            if !(level_tolerance_pct.is_finite() && level_tolerance_pct >= 0.0) {
-                eprintln!(
-                    "plateau: history: --level-tolerance-pct {level_tolerance_pct}: give a percentage of 0 or more"
-                );
-                return USAGE;
+            check(&db, scenario.as_deref(), last, level_tolerance_pct)
+        }
+    }
+}
+
+/// A history error said, and its exit code: bad input 2, a store that cannot be written 3.
+fn error_code(e: plateau_soak::history::HistoryError) -> u8 {
+    use plateau_soak::history::HistoryError;
+    match e {
+        HistoryError::Input(m) => {
+            eprintln!("plateau: history: {m}");
+            USAGE
+        }
+        HistoryError::Harness(m) => {
+            eprintln!("plateau: history: {m}");
+            HARNESS
+        }
+    }
+}
+
+/// `history add`: the runs of `run_dirs` into `db`; a directory with no samples is said and skipped.
+fn add(run_dirs: &[PathBuf], db: &Path) -> u8 {
+    use plateau_soak::history;
+    // A directory a run left without samples (refused or failed before its first sample)
+    // is no night: said and skipped, so that `history add runs/*` stores the rest.
+    let (with, without): (Vec<&PathBuf>, Vec<&PathBuf>) =
+        run_dirs.iter().partition(|d| history::store::has_samples(d) || !d.is_dir());
+    for d in &without {
+        eprintln!(
+            "plateau: history: {}: no samples.jsonl (a run that ended before its first sample): skipped",
+            d.display()
+        );
+    }
+    if with.is_empty() {
+        eprintln!("plateau: history: none of the directories holds a run's samples: nothing to add");
+        return USAGE;
+    }
+    let runs = match with.iter().map(|d| history::store::read_run(d)).collect::<Result<Vec<_>, _>>() {
+        Ok(r) => r,
+        Err(e) => return error_code(e),
+    };
+    let added = history::open(db, true)
+        .and_then(|mut c| history::store::add(&mut c, db, &runs, &plateau_soak::environment::utc_now()));
+    match added {
+        Ok(n) => {
+            println!("history: {n} runs added to {} ({} already there)", db.display(), runs.len() - n);
+            PASS
+        }
+        Err(e) => error_code(e),
+    }
+}
+
+/// `history check`: each scenario's last night against its baseline; exit 1 on a regression, 4
+/// when nothing (or not everything) could be judged.
+fn check(db: &Path, scenario: Option<&str>, last: u64, level_tolerance_pct: f64) -> u8 {
+    use plateau_soak::history;
+    if !(level_tolerance_pct.is_finite() && level_tolerance_pct >= 0.0) {
+        eprintln!("plateau: history: --level-tolerance-pct {level_tolerance_pct}: give a percentage of 0 or more");
+        return USAGE;
+    }
+    let o = history::check::CheckOptions { last: last as usize, level_tolerance_pct };
+    match history::open(db, false).and_then(|c| history::check::check(&c, db, scenario, &o)) {
+        Ok(out) => {
+            for line in &out.compared {
+                println!("{line}");
             }
-            let o = history::check::CheckOptions { last: last as usize, level_tolerance_pct };
-            match history::open(&db, false).and_then(|c| history::check::check(&c, &db, scenario.as_deref(), &o)) {
-                Ok(out) => {
-                    for line in &out.compared {
-                        println!("{line}");
-                    }
-                    for line in &out.regressions {
-                        println!("REGRESSION {line}");
-                    }
-                    for line in &out.undecided {
-                        println!("UNDECIDED {line}");
-                    }
-                    if !out.regressions.is_empty() {
-                        LEAK
-                    } else if !out.undecided.is_empty() {
-                        eprintln!(
-                            "plateau: history: {} scenario(s) could not be judged tonight: nothing here is a pass",
-                            out.undecided.len()
-                        );
-                        INCONCLUSIVE
-                    } else if out.groups_judged == 0 {
-                        eprintln!(
-                            "plateau: history: no scenario has a night to compare with its baseline: nothing judged"
-                        );
-                        INCONCLUSIVE
-                    } else {
-                        println!("history: no regression");
-                        PASS
-                    }
-                }
-                Err(e) => code(e),
+            for line in &out.regressions {
+                println!("REGRESSION {line}");
+            }
+            for line in &out.undecided {
+                println!("UNDECIDED {line}");
+            }
+            if !out.regressions.is_empty() {
+                LEAK
+            } else if !out.undecided.is_empty() {
+                eprintln!(
+                    "plateau: history: {} scenario(s) could not be judged tonight: nothing here is a pass",
+                    out.undecided.len()
+                );
+                INCONCLUSIVE
+            } else if out.groups_judged == 0 {
+                eprintln!("plateau: history: no scenario has a night to compare with its baseline: nothing judged");
+                INCONCLUSIVE
+            } else {
+                println!("history: no regression");
+                PASS
             }
         }
+        Err(e) => error_code(e),
     }
 }
