@@ -186,24 +186,7 @@ pub fn run(mut engine: Box<dyn System + Send>, commands: Receiver<Command>) -> R
                 Command::Stats { reply } => {
                     // Idle, the pages were given back when the last request ended.
                     let settled = live.is_empty() && !engine.has_unfinished();
-                    let idle_now = settled;
-                    let idle_violations = match idle_now.then(|| engine.check_idle()) {
-                        Some(Err(v)) => v.into_iter().map(|x| (x.metric, x.detail)).collect(),
-                        _ => Vec::new(),
-                    };
-                    let mut nodes = BTreeMap::new();
-                    engine.sample_processes(plateau_probes::probes::Settle::Flush, &mut nodes);
-                    nodes.retain(|k, _| node_only(k));
-                    let mut node_specs = engine.process_specs();
-                    node_specs.retain(|k, _| nodes.contains_key(k));
-                    let _ = reply.send(Snapshot {
-                        stats: engine.stats(),
-                        in_flight: live.len() as u64,
-                        idle_violations,
-                        settled,
-                        nodes,
-                        node_specs,
-                    });
+                    let _ = reply.send(snapshot(engine.as_mut(), live.len(), settled));
                 }
             }
         }
@@ -219,18 +202,7 @@ pub fn run(mut engine: Box<dyn System + Send>, commands: Receiver<Command>) -> R
             }
         }
         let outputs = engine.step(start.elapsed().as_millis() as u64).map_err(|e| format!("engine step: {e}"))?;
-        for (&id, l) in live.iter_mut() {
-            for (index, tokens) in engine.generated(id) {
-                send_new(l, index, &tokens);
-            }
-        }
-        for out in outputs {
-            let Some(mut l) = live.remove(&out.id) else { continue };
-            for s in &out.seqs {
-                send_new(&mut l, s.index, &s.tokens);
-            }
-            let _ = l.events.try_send(Event::Finished(out));
-        }
+        deliver(engine.as_ref(), &mut live, outputs);
         if !engine.has_unfinished() {
             // Every request ends with one output; one still waiting here would wait forever.
             for (_, l) in std::mem::take(&mut live) {
@@ -238,6 +210,37 @@ pub fn run(mut engine: Box<dyn System + Send>, commands: Receiver<Command>) -> R
             }
             release_pages(engine.as_ref());
         }
+    }
+}
+
+/// What `/metrics` reads: the engine's registries, the requests in flight, the idle self-check
+/// where `settled` (nothing in flight), and each node's own process gauges.
+fn snapshot(engine: &mut (dyn System + Send), in_flight: usize, settled: bool) -> Snapshot {
+    let idle_violations = match settled.then(|| engine.check_idle()) {
+        Some(Err(v)) => v.into_iter().map(|x| (x.metric, x.detail)).collect(),
+        _ => Vec::new(),
+    };
+    let mut nodes = BTreeMap::new();
+    engine.sample_processes(plateau_probes::probes::Settle::Flush, &mut nodes);
+    nodes.retain(|k, _| node_only(k));
+    let mut node_specs = engine.process_specs();
+    node_specs.retain(|k, _| nodes.contains_key(k));
+    Snapshot { stats: engine.stats(), in_flight: in_flight as u64, idle_violations, settled, nodes, node_specs }
+}
+
+/// A step's new tokens to each request's stream, and each finished request's output to its own.
+fn deliver(engine: &(dyn System + Send), live: &mut BTreeMap<u64, Live>, outputs: Vec<RequestOutput>) {
+    for (&id, l) in live.iter_mut() {
+        for (index, tokens) in engine.generated(id) {
+            send_new(l, index, &tokens);
+        }
+    }
+    for out in outputs {
+        let Some(mut l) = live.remove(&out.id) else { continue };
+        for s in &out.seqs {
+            send_new(&mut l, s.index, &s.tokens);
+        }
+        let _ = l.events.try_send(Event::Finished(out));
     }
 }
 
