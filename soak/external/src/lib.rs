@@ -354,14 +354,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         true => Some(python::Hook::create().map_err(|e| RunError::Harness(format!("plateau's Python hook: {e}")))?),
         false => None,
     };
-    let mut target = match (&ext.spawn, ext.pid) {
-        (Some(cmd), _) => {
-            let (cmd, env) = with_hook(hook.as_ref(), cmd, env_for(&ext.spawn_env, None));
-            Some(target::Target::spawn(&cmd, &env, &log).map_err(RunError::Input)?)
-        }
-        (None, Some(pid)) => Some(target::Target::attach(pid).map_err(RunError::Input)?),
-        (None, None) => None,
-    };
+    let mut target = spawn_or_attach(ext, hook.as_ref(), &log)?;
     if let (Some(t), Some(_)) = (target.as_mut(), &ext.spawn) {
         runtime.block_on(wait_ready(&ext.url, t, ext.ready_timeout, &log))?;
     }
@@ -392,42 +385,9 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     }
     let oom = target.as_ref().map(|t| death::OomWatch::start(t.pid));
     let tree = target.as_ref().map(|t| tree::Tree::new(t.pid, hook.as_ref()));
-    let gpu = match (tree.is_some() || !deployment.procs.is_empty(), gpu::GpuProbe::open()) {
-        (true, Ok(g)) => Some(g),
-        (true, Err(why)) => {
-            eprintln!("plateau: GPU memory per process: not available ({why})");
-            None
-        }
-        (false, _) => None,
-    };
-    let mut declared = BTreeMap::new();
-    if let Some(t) = &tree {
-        declared.extend(t.specs());
-        if gpu.is_some() {
-            declared.extend(gpu::GpuProbe::specs());
-        }
-    }
-    for p in &deployment.procs {
-        declared.extend(p.tree.specs());
-        if gpu.is_some() {
-            declared.extend(gpu::GpuProbe::specs_as(&format!("{}.{}", p.role, mapping::PREFIX)));
-        }
-    }
+    let gpu = gpu_probe(tree.is_some() || !deployment.procs.is_empty());
     let roles: Vec<String> = deployment.procs.iter().map(|p| p.role.clone()).collect();
-    if let Some(s) = &first {
-        declared.extend(s.specs.iter().map(|(k, v)| (http_target::by_role(k, &roles), v.clone())));
-    }
-    for (name, unit) in OWN {
-        declared.insert(name.to_string(), MetricSpec::new(Kind::Observed, unit));
-    }
-    declared.insert(
-        REQUESTS.to_string(),
-        MetricSpec {
-            quantum: Some(1.0),
-            role: Some(plateau_reports::ROLE_REQUESTS.into()),
-            ..MetricSpec::new(Kind::Counter, "count")
-        },
-    );
+    let declared = declared_specs(tree.as_ref(), &deployment, gpu.is_some(), first.as_ref(), &roles);
     if first.is_none() {
         eprintln!("plateau: {metrics_url} answered 404: only the target's processes are judged");
     }
@@ -468,6 +428,76 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         )));
     }
     Ok(r)
+}
+
+/// The server of `--spawn` started (with plateau's Python hook where there is one, its output
+/// into `log`), or the one of `--pid` attached; None when plateau reads no process of it.
+fn spawn_or_attach(
+    ext: &ExternalOptions,
+    hook: Option<&python::Hook>,
+    log: &std::path::Path,
+) -> Result<Option<target::Target>, RunError> {
+    Ok(match (&ext.spawn, ext.pid) {
+        (Some(cmd), _) => {
+            let (cmd, env) = with_hook(hook, cmd, env_for(&ext.spawn_env, None));
+            Some(target::Target::spawn(&cmd, &env, log).map_err(RunError::Input)?)
+        }
+        (None, Some(pid)) => Some(target::Target::attach(pid).map_err(RunError::Input)?),
+        (None, None) => None,
+    })
+}
+
+/// GPU memory per process where a run reads processes (`wanted`) and NVML answers; why not,
+/// said once, where it does not.
+fn gpu_probe(wanted: bool) -> Option<gpu::GpuProbe> {
+    match (wanted, gpu::GpuProbe::open()) {
+        (true, Ok(g)) => Some(g),
+        (true, Err(why)) => {
+            eprintln!("plateau: GPU memory per process: not available ({why})");
+            None
+        }
+        (false, _) => None,
+    }
+}
+
+/// What a run against a server declares in its samples header: each process's gauges (and its GPU
+/// memory where NVML answers), every role's, the server's own /metrics as mapped, plateau's own
+/// observed figures, and the count of requests sent.
+fn declared_specs(
+    tree: Option<&tree::Tree>,
+    deployment: &Deployment,
+    gpu: bool,
+    first: Option<&mapping::Scraped>,
+    roles: &[String],
+) -> BTreeMap<String, MetricSpec> {
+    let mut declared = BTreeMap::new();
+    if let Some(t) = tree {
+        declared.extend(t.specs());
+        if gpu {
+            declared.extend(gpu::GpuProbe::specs());
+        }
+    }
+    for p in &deployment.procs {
+        declared.extend(p.tree.specs());
+        if gpu {
+            declared.extend(gpu::GpuProbe::specs_as(&format!("{}.{}", p.role, mapping::PREFIX)));
+        }
+    }
+    if let Some(s) = first {
+        declared.extend(s.specs.iter().map(|(k, v)| (http_target::by_role(k, roles), v.clone())));
+    }
+    for (name, unit) in OWN {
+        declared.insert(name.to_string(), MetricSpec::new(Kind::Observed, unit));
+    }
+    declared.insert(
+        REQUESTS.to_string(),
+        MetricSpec {
+            quantum: Some(1.0),
+            role: Some(plateau_reports::ROLE_REQUESTS.into()),
+            ..MetricSpec::new(Kind::Counter, "count")
+        },
+    );
+    declared
 }
 
 /// Names the dialect in the run's environment.json (written before the server answered), where
