@@ -243,69 +243,83 @@ pub fn check(
         ));
         let nights: Vec<Vec<(String, Row)>> = since.iter().map(|id| gauges(c, db, *id)).collect::<Result<_, _>>()?;
         let then: Vec<Vec<(String, Row)>> = before.iter().map(|id| gauges(c, db, *id)).collect::<Result<_, _>>()?;
-        let (now_night, earlier) = nights.split_last().expect("two nights at least");
-        for (name, now) in now_night {
-            let find = |night: &Vec<(String, Row)>, f: &dyn Fn(&Row) -> Option<f64>| {
-                night.iter().find(|(n, _)| n == name).and_then(|(_, r)| f(r))
-            };
-            let fmt = |x: f64| fmt_value(x, &now.unit);
-            let tol = o.level_tolerance_pct / 100.0;
-            if let Some(level) = now.level {
-                let seen: Vec<f64> = earlier.iter().filter_map(|n| find(n, &|r| r.level)).collect();
-                let highest = seen.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let base = find(&nights[0], &|r| r.level);
-                if !seen.is_empty() && level > highest + highest.abs() * tol {
-                    out.regressions.push(format!(
-                        "{label}: {name} level {} jumped {} above the highest of the {} nights since the baseline ({}; median {}); tolerance {}%",
-                        fmt(level),
-                        pct(level, highest),
-                        seen.len(),
-                        fmt(highest),
-                        median(&mut seen.clone()).map_or("-".into(), fmt),
-                        o.level_tolerance_pct
-                    ));
-                } else if let Some(base) = base.filter(|b| level > b + b.abs() * tol) {
-                    let series: Vec<(f64, f64)> = nights
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(k, n)| find(n, &|r| r.level).map(|v| (k as f64, v)))
-                        .collect();
-                    if series.len() >= MIN_NIGHTS {
-                        let x: Vec<f64> = series.iter().map(|p| p.0).collect();
-                        let y: Vec<f64> = series.iter().map(|p| p.1).collect();
-                        let slope = theil_sen(&x, &y);
-                        let p = mann_kendall(&x, &y, slope).p_increase;
-                        if slope > 0.0 && p < CREEP_P {
-                            out.regressions.push(format!(
-                                "{label}: {name} level {} creeps {}/night over {} nights (p = {p:.3}), {} above its baseline ({}); tolerance {}%",
-                                fmt(level),
-                                fmt(slope),
-                                series.len(),
-                                pct(level, base),
-                                fmt(base),
-                                o.level_tolerance_pct
-                            ));
-                        }
-                    }
-                }
-            }
-            let slopes: Vec<f64> = then.iter().filter_map(|n| find(n, &|r| r.slope)).collect();
-            if let (Some(slope), Some(res)) = (now.slope, now.resolution) {
-                if let Some(steepest) = slopes.iter().copied().reduce(f64::max) {
-                    if slope > steepest + res {
+        compare_gauges(&label, &nights, &then, o, &mut out);
+    }
+    Ok(out)
+}
+
+/// Each gauge of the latest night (the last of `nights`, the nights since the baseline) against
+/// the nights before it: a level that jumped past the highest of them, a level that creeps above
+/// the baseline night after night, a slope steeper than the steepest of `then` (the last passing
+/// nights) by more than the run resolves. Each regression goes into `out`.
+fn compare_gauges(
+    label: &str,
+    nights: &[Vec<(String, Row)>],
+    then: &[Vec<(String, Row)>],
+    o: &CheckOptions,
+    out: &mut CheckOutcome,
+) {
+    let (now_night, earlier) = nights.split_last().expect("two nights at least");
+    for (name, now) in now_night {
+        let find = |night: &Vec<(String, Row)>, f: &dyn Fn(&Row) -> Option<f64>| {
+            night.iter().find(|(n, _)| n == name).and_then(|(_, r)| f(r))
+        };
+        let fmt = |x: f64| fmt_value(x, &now.unit);
+        let tol = o.level_tolerance_pct / 100.0;
+        if let Some(level) = now.level {
+            let seen: Vec<f64> = earlier.iter().filter_map(|n| find(n, &|r| r.level)).collect();
+            let highest = seen.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let base = find(&nights[0], &|r| r.level);
+            if !seen.is_empty() && level > highest + highest.abs() * tol {
+                out.regressions.push(format!(
+                    "{label}: {name} level {} jumped {} above the highest of the {} nights since the baseline ({}; median {}); tolerance {}%",
+                    fmt(level),
+                    pct(level, highest),
+                    seen.len(),
+                    fmt(highest),
+                    median(&mut seen.clone()).map_or("-".into(), fmt),
+                    o.level_tolerance_pct
+                ));
+            } else if let Some(base) = base.filter(|b| level > b + b.abs() * tol) {
+                let series: Vec<(f64, f64)> = nights
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(k, n)| find(n, &|r| r.level).map(|v| (k as f64, v)))
+                    .collect();
+                if series.len() >= MIN_NIGHTS {
+                    let x: Vec<f64> = series.iter().map(|p| p.0).collect();
+                    let y: Vec<f64> = series.iter().map(|p| p.1).collect();
+                    let slope = theil_sen(&x, &y);
+                    let p = mann_kendall(&x, &y, slope).p_increase;
+                    if slope > 0.0 && p < CREEP_P {
                         out.regressions.push(format!(
-                            "{label}: {name} slope {}/iteration is steeper than the steepest of the last {} passing nights ({}/iteration) by more than this run resolves ({}/iteration)",
+                            "{label}: {name} level {} creeps {}/night over {} nights (p = {p:.3}), {} above its baseline ({}); tolerance {}%",
+                            fmt(level),
                             fmt(slope),
-                            slopes.len(),
-                            fmt(steepest),
-                            fmt(res)
+                            series.len(),
+                            pct(level, base),
+                            fmt(base),
+                            o.level_tolerance_pct
                         ));
                     }
                 }
             }
         }
+        let slopes: Vec<f64> = then.iter().filter_map(|n| find(n, &|r| r.slope)).collect();
+        if let (Some(slope), Some(res)) = (now.slope, now.resolution) {
+            if let Some(steepest) = slopes.iter().copied().reduce(f64::max) {
+                if slope > steepest + res {
+                    out.regressions.push(format!(
+                        "{label}: {name} slope {}/iteration is steeper than the steepest of the last {} passing nights ({}/iteration) by more than this run resolves ({}/iteration)",
+                        fmt(slope),
+                        slopes.len(),
+                        fmt(steepest),
+                        fmt(res)
+                    ));
+                }
+            }
+        }
     }
-    Ok(out)
 }
 
 /// "+12.3%" of `v` over `base`, or "up from 0".
