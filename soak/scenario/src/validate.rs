@@ -2,7 +2,7 @@
 //! is allocated. Every error names the field and its line.
 
 use super::diagnostics::{locate, Place, ScenarioError};
-use super::phases::{Abort, Phase};
+use super::phases::{Abort, Batch, Phase, Pressure};
 use super::{parse_duration_secs, Scenario};
 
 /// A scenario's name at most: it is part of every run directory's name.
@@ -13,53 +13,92 @@ const MAX_PULLS_IN_FLIGHT: usize = 4096;
 
 impl Scenario {
     pub(super) fn validate(&self, text: &str, file: &str) -> Result<(), ScenarioError> {
-        let fail = |place: Place, message: String| {
-            let line = locate(text, place);
-            let field = match place.section {
-                Some(("phase", i)) => format!("phase[{i}].{}", place.key),
-                Some((sec, _)) => format!("{sec}.{}", place.key),
-                None => place.key.to_string(),
-            };
-            Err(ScenarioError { file: file.to_string(), line, column: 1, message: format!("{field}: {message}") })
+        let v = Validator { s: self, text, file };
+        v.name_and_phases()?;
+        v.engine()?;
+        v.pd()?;
+        v.soak()?;
+        let max_len = v.model_len()?;
+        for (i, p) in self.phases.iter().enumerate() {
+            v.phase(i, p, max_len)?;
+        }
+        Ok(())
+    }
+}
+
+/// A scenario checked against its own text (to name the line of each error) and its file's name.
+struct Validator<'a> {
+    s: &'a Scenario,
+    text: &'a str,
+    file: &'a str,
+}
+
+fn top(key: &str) -> Place<'_> {
+    Place { section: None, key }
+}
+
+fn eng(key: &str) -> Place<'_> {
+    Place { section: Some(("engine", 0)), key }
+}
+
+fn soak(key: &str) -> Place<'_> {
+    Place { section: Some(("soak", 0)), key }
+}
+
+impl Validator<'_> {
+    /// The error for the value at `place`: its field (`phase[2].n`), its line, and `message`.
+    fn fail<T>(&self, place: Place, message: String) -> Result<T, ScenarioError> {
+        let line = locate(self.text, place);
+        let field = match place.section {
+            Some(("phase", i)) => format!("phase[{i}].{}", place.key),
+            Some((sec, _)) => format!("{sec}.{}", place.key),
+            None => place.key.to_string(),
         };
-        let top = |key| Place { section: None, key };
-        let eng = |key| Place { section: Some(("engine", 0)), key };
-        let soak = |key| Place { section: Some(("soak", 0)), key };
-        if self.name.trim().is_empty() {
-            return fail(top("name"), "must not be empty".into());
+        Err(ScenarioError { file: self.file.to_string(), line, column: 1, message: format!("{field}: {message}") })
+    }
+
+    /// A plain name (it names the run's directory) and at least one phase.
+    fn name_and_phases(&self) -> Result<(), ScenarioError> {
+        if self.s.name.trim().is_empty() {
+            return self.fail(top("name"), "must not be empty".into());
         }
         // The name becomes a directory name (runs/<name>-<time>, shrink candidates, history):
         // one plain word, so that a run never writes outside its output folder.
         let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-        if self.name.len() > MAX_NAME_BYTES
-            || !self.name.chars().all(plain)
-            || !self.name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        if self.s.name.len() > MAX_NAME_BYTES
+            || !self.s.name.chars().all(plain)
+            || !self.s.name.starts_with(|c: char| c.is_ascii_alphanumeric())
         {
-            return fail(
-                top("name"),
-                format!(
-                    "`{}` is not a plain name: it names the run's directory, so use letters, digits, '-', '_' and '.', starting with a letter or digit, at most {MAX_NAME_BYTES} bytes",
-                    self.name.escape_debug()
-                ),
-            );
+            return self.fail(
+            top("name"),
+            format!(
+                "`{}` is not a plain name: it names the run's directory, so use letters, digits, '-', '_' and '.', starting with a letter or digit, at most {MAX_NAME_BYTES} bytes",
+                self.s.name.escape_debug()
+            ),
+        );
         }
-        if self.phases.is_empty() {
-            return fail(top("phase"), "a scenario needs at least one [[phase]]".into());
+        if self.s.phases.is_empty() {
+            return self.fail(top("phase"), "a scenario needs at least one [[phase]]".into());
         }
-        let e = &self.engine;
+        Ok(())
+    }
+
+    /// `[engine]`: a known backend and dtype, a model, sizes of at least 1 within their caps.
+    fn engine(&self) -> Result<(), ScenarioError> {
+        let e = &self.s.engine;
         if !["cpu", "cuda", "auto"].contains(&e.backend.as_str()) {
-            return fail(eng("backend"), format!("`{}` is not one of cpu, cuda, auto", e.backend));
+            return self.fail(eng("backend"), format!("`{}` is not one of cpu, cuda, auto", e.backend));
         }
         if !["f32", "bf16"].contains(&e.dtype.as_str()) {
-            return fail(eng("dtype"), format!("`{}` is not one of f32, bf16", e.dtype));
+            return self.fail(eng("dtype"), format!("`{}` is not one of f32, bf16", e.dtype));
         }
         if e.weights.is_none() {
             if let Err(err) = plateau_engine::ModelConfig::preset(&e.preset) {
-                return fail(eng("preset"), err.to_string());
+                return self.fail(eng("preset"), err.to_string());
             }
         }
         if e.max_num_seqs > MAX_NUM_SEQS {
-            return fail(eng("max_num_seqs"), format!("{} is above the cap of {MAX_NUM_SEQS}", e.max_num_seqs));
+            return self.fail(eng("max_num_seqs"), format!("{} is above the cap of {MAX_NUM_SEQS}", e.max_num_seqs));
         }
         for (key, v) in [
             ("block_size", e.block_size),
@@ -68,35 +107,38 @@ impl Scenario {
             ("max_num_batched_tokens", e.max_num_batched_tokens),
         ] {
             if v == 0 {
-                return fail(eng(key), "must be at least 1".into());
+                return self.fail(eng(key), "must be at least 1".into());
             }
         }
         if e.encoder_cache_tokens == 0 || e.encoder_cache_entries == 0 || e.max_encoder_tokens_per_step == 0 {
-            return fail(
+            return self.fail(
                 eng("encoder_cache_tokens"),
                 "encoder_cache_tokens, encoder_cache_entries and max_encoder_tokens_per_step must be positive".into(),
             );
         }
         if !(e.min_pixels >= 1 && e.min_pixels <= e.max_pixels && e.max_pixels <= e.hard_max_pixels) {
-            return fail(eng("max_pixels"), "need 1 <= min_pixels <= max_pixels <= hard_max_pixels".into());
+            return self.fail(eng("max_pixels"), "need 1 <= min_pixels <= max_pixels <= hard_max_pixels".into());
         }
-        if let Some(pd) = &self.pd {
+        Ok(())
+    }
+
+    /// `[pd]`: fractions, sizes and timeouts in range, and phases a disaggregated pair can serve.
+    fn pd(&self) -> Result<(), ScenarioError> {
+        if let Some(pd) = &self.s.pd {
             let at = |key| Place { section: Some(("pd", 0)), key };
             if !(0.0..1.0).contains(&pd.decode_failure_fraction) {
-                return fail(
-                    at("decode_failure_fraction"),
-                    format!("{} is outside [0, 1)", pd.decode_failure_fraction),
-                );
+                return self
+                    .fail(at("decode_failure_fraction"), format!("{} is outside [0, 1)", pd.decode_failure_fraction));
             }
             if pd.regions == 0 || pd.transfer_bytes_per_step == 0 || pd.kv_transfer_timeout_ms == 0 {
-                return fail(
+                return self.fail(
                     at("regions"),
                     "regions, transfer_bytes_per_step and kv_transfer_timeout_ms must be positive".into(),
                 );
             }
             // None in flight would never drain; the cap keeps a typo from sizing a table.
             if !(1..=MAX_PULLS_IN_FLIGHT).contains(&pd.max_pulls_in_flight) {
-                return fail(
+                return self.fail(
                     at("max_pulls_in_flight"),
                     format!("{} is outside 1..={MAX_PULLS_IN_FLIGHT}", pd.max_pulls_in_flight),
                 );
@@ -107,52 +149,59 @@ impl Scenario {
                 Phase::Sleep(_) => false,
             };
             if pd.kv_transfer_timeout_ms > 3_600_000 {
-                return fail(at("kv_transfer_timeout_ms"), "at most an hour (3600000)".into());
+                return self.fail(at("kv_transfer_timeout_ms"), "at most an hour (3600000)".into());
             }
-            if self.phases.iter().any(not_pd) {
-                return fail(at("mode"), "disaggregated scenarios take n = 1 and no images in every batch".into());
+            if self.s.phases.iter().any(not_pd) {
+                return self.fail(at("mode"), "disaggregated scenarios take n = 1 and no images in every batch".into());
             }
         }
+        Ok(())
+    }
+
+    /// `[soak]`: lengths within the cap, a duration and a tolerance that read, and a warm-up that
+    /// leaves something to judge, in-process and against a server.
+    fn soak(&self) -> Result<(), ScenarioError> {
         for (key, n) in [
-            ("iterations", Some(self.soak.iterations)),
-            ("target_iterations", self.soak.target_iterations),
-            ("max_iterations", self.soak.max_iterations),
+            ("iterations", Some(self.s.soak.iterations)),
+            ("target_iterations", self.s.soak.target_iterations),
+            ("max_iterations", self.s.soak.max_iterations),
         ] {
             if n.is_some_and(|n| n > MAX_ITERATIONS) {
-                return fail(soak(key), format!("{} is above the cap of {MAX_ITERATIONS} iterations", n.unwrap_or(0)));
+                return self
+                    .fail(soak(key), format!("{} is above the cap of {MAX_ITERATIONS} iterations", n.unwrap_or(0)));
             }
         }
-        if self.soak.iterations == 0 {
-            return fail(soak("iterations"), "must be at least 1".into());
+        if self.s.soak.iterations == 0 {
+            return self.fail(soak("iterations"), "must be at least 1".into());
         }
-        if let Some(d) = &self.soak.duration {
+        if let Some(d) = &self.s.soak.duration {
             if let Err(m) = parse_duration_secs(d) {
-                return fail(soak("duration"), m);
+                return self.fail(soak("duration"), m);
             }
         }
-        if let Some(m) = self.soak.max_iterations {
-            if m < self.soak.iterations {
-                return fail(
+        if let Some(m) = self.s.soak.max_iterations {
+            if m < self.s.soak.iterations {
+                return self.fail(
                     soak("max_iterations"),
-                    format!("{m} is below the run's planned length ({} iterations)", self.soak.iterations),
+                    format!("{m} is below the run's planned length ({} iterations)", self.s.soak.iterations),
                 );
             }
         }
-        if let Some(t) = &self.soak.tolerance {
+        if let Some(t) = &self.s.soak.tolerance {
             if let Err(m) = t.parse::<plateau_detector::Tolerance>() {
-                return fail(soak("tolerance"), m);
+                return self.fail(soak("tolerance"), m);
             }
         }
-        let target = self.soak.for_target();
-        if self.soak.target_iterations == Some(0) {
-            return fail(soak("target_iterations"), "must be at least 1".into());
+        let target = self.s.soak.for_target();
+        if self.s.soak.target_iterations == Some(0) {
+            return self.fail(soak("target_iterations"), "must be at least 1".into());
         }
-        if (self.soak.target_iterations.is_some() || self.soak.target_warmup_iterations.is_some())
-            && self.soak.duration.is_none()
+        if (self.s.soak.target_iterations.is_some() || self.s.soak.target_warmup_iterations.is_some())
+            && self.s.soak.duration.is_none()
             && target.warmup_iterations >= target.iterations
         {
-            return fail(
-                soak(if self.soak.target_warmup_iterations.is_some() {
+            return self.fail(
+                soak(if self.s.soak.target_warmup_iterations.is_some() {
                     "target_warmup_iterations"
                 } else {
                     "target_iterations"
@@ -163,15 +212,23 @@ impl Scenario {
                 ),
             );
         }
-        if self.soak.duration.is_none() && self.soak.warmup_iterations >= self.soak.iterations {
-            return fail(
+        if self.s.soak.duration.is_none() && self.s.soak.warmup_iterations >= self.s.soak.iterations {
+            return self.fail(
                 soak("warmup_iterations"),
                 format!(
                     "{} is at or past the run's length ({} iterations): nothing would be judged",
-                    self.soak.warmup_iterations, self.soak.iterations
+                    self.s.soak.warmup_iterations, self.s.soak.iterations
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The longest sequence the model takes (a preset's, or the engine's max_model_len; for
+    /// weights from a directory, the largest any supported model takes), with the KV pool checked
+    /// against this machine's memory.
+    fn model_len(&self) -> Result<usize, ScenarioError> {
+        let e = &self.s.engine;
         // Sizes are bounded before anything is allocated: the longest sequence the model takes
         // (a preset's, or the engine's max_model_len; for weights from a directory, the largest
         // any supported model takes), and the KV pool against this machine's memory.
@@ -182,145 +239,160 @@ impl Scenario {
             let kv_bytes = e.num_kv_blocks as u128 * e.block_size as u128 * c.kv_bytes_per_token() as u128;
             if let Some(avail) = available_memory_bytes() {
                 if kv_bytes > avail as u128 {
-                    return fail(
-                        eng("num_kv_blocks"),
-                        format!(
-                            "a KV pool of {:.1} GiB ({} blocks of {} tokens) does not fit in this machine's available memory ({:.1} GiB)",
-                            kv_bytes as f64 / GIB,
-                            e.num_kv_blocks,
-                            e.block_size,
-                            avail as f64 / GIB
-                        ),
-                    );
+                    return self.fail(
+                    eng("num_kv_blocks"),
+                    format!(
+                        "a KV pool of {:.1} GiB ({} blocks of {} tokens) does not fit in this machine's available memory ({:.1} GiB)",
+                        kv_bytes as f64 / GIB,
+                        e.num_kv_blocks,
+                        e.block_size,
+                        avail as f64 / GIB
+                    ),
+                );
                 }
             }
         }
-        for (i, p) in self.phases.iter().enumerate() {
-            let at = |key| Place { section: Some(("phase", i)), key };
-            let check_sampling = |n: u32, max_tokens: u32| {
-                if n == 0 {
-                    return fail(at("n"), "must be at least 1".into());
-                }
-                if n as usize > e.max_num_seqs {
-                    return fail(at("n"), format!("{n} exceeds engine.max_num_seqs = {}", e.max_num_seqs));
-                }
-                if max_tokens == 0 {
-                    return fail(at("max_tokens"), "must be at least 1".into());
+        Ok(max_len)
+    }
+
+    /// Phase `i`: its sampling, its abort fraction, and its kind's own limits.
+    fn phase(&self, i: usize, p: &Phase, max_len: usize) -> Result<(), ScenarioError> {
+        let e = &self.s.engine;
+        let at = |key| Place { section: Some(("phase", i)), key };
+        let check_sampling = |n: u32, max_tokens: u32| {
+            if n == 0 {
+                return self.fail(at("n"), "must be at least 1".into());
+            }
+            if n as usize > e.max_num_seqs {
+                return self.fail(at("n"), format!("{n} exceeds engine.max_num_seqs = {}", e.max_num_seqs));
+            }
+            if max_tokens == 0 {
+                return self.fail(at("max_tokens"), "must be at least 1".into());
+            }
+            Ok(())
+        };
+        let check_abort = |a: &Option<Abort>| match a {
+            Some(a) if !(0.0..=1.0).contains(&a.fraction) => {
+                self.fail(at("fraction"), format!("{} is outside [0, 1]", a.fraction))
+            }
+            _ => Ok(()),
+        };
+        match p {
+            Phase::Batch(b) => {
+                check_sampling(b.n, b.max_tokens)?;
+                check_abort(&b.abort)?;
+                self.batch(i, b, max_len)
+            }
+            Phase::Pressure(pr) => {
+                check_sampling(pr.n, pr.max_tokens)?;
+                check_abort(&pr.abort)?;
+                self.pressure(i, pr, max_len)
+            }
+            Phase::Sleep(s) => {
+                if !(1..=2).contains(&s.level) {
+                    return self.fail(at("level"), format!("{} is not 1 or 2", s.level));
                 }
                 Ok(())
-            };
-            let check_abort = |a: &Option<Abort>| match a {
-                Some(a) if !(0.0..=1.0).contains(&a.fraction) => {
-                    fail(at("fraction"), format!("{} is outside [0, 1]", a.fraction))
-                }
-                _ => Ok(()),
-            };
-            match p {
-                Phase::Batch(b) => {
-                    check_sampling(b.n, b.max_tokens)?;
-                    check_abort(&b.abort)?;
-                    if !(1..=MAX_REQUESTS_PER_PHASE).contains(&b.requests) {
-                        return fail(at("requests"), format!("{} is outside 1..={MAX_REQUESTS_PER_PHASE}", b.requests));
-                    }
-                    let sequences = u64::from(b.requests) * u64::from(b.n);
-                    if sequences > MAX_SEQUENCES_PER_PHASE {
-                        return fail(
-                            at("requests"),
-                            format!(
-                                "{} requests of n = {} are {sequences} sequences in one phase, above the cap of {MAX_SEQUENCES_PER_PHASE}",
-                                b.requests, b.n
-                            ),
-                        );
-                    }
-                    if b.invalid > MAX_REQUESTS_PER_PHASE {
-                        return fail(at("invalid"), format!("{} is above {MAX_REQUESTS_PER_PHASE}", b.invalid));
-                    }
-                    if let Some(w) = template_widths(&b.prompt).find(|w| *w > MAX_TEMPLATE_WIDTH) {
-                        return fail(
-                            at("prompt"),
-                            format!("a field width of {w} is above {MAX_TEMPLATE_WIDTH} (a request counter has at most 20 digits)"),
-                        );
-                    }
-                    let fixed = b.shared_prefix_tokens as u64 + b.prompt_tokens.unwrap_or(0) as u64;
-                    if fixed + b.max_tokens as u64 >= max_len as u64 {
-                        let key = if b.shared_prefix_tokens as u64 >= b.prompt_tokens.unwrap_or(0) as u64 {
-                            "shared_prefix_tokens"
-                        } else {
-                            "prompt_tokens"
-                        };
-                        return fail(
-                            at(key),
-                            format!(
-                                "shared_prefix_tokens {} + prompt_tokens {} + max_tokens {} leave no room under the model's {max_len} tokens",
-                                b.shared_prefix_tokens,
-                                b.prompt_tokens.unwrap_or(0),
-                                b.max_tokens
-                            ),
-                        );
-                    }
-                    if !(b.top_p > 0.0 && b.top_p <= 1.0) {
-                        return fail(at("top_p"), format!("{} is outside (0, 1]", b.top_p));
-                    }
-                    if !(b.temperature >= 0.0 && b.temperature.is_finite()) {
-                        return fail(at("temperature"), format!("{} must be finite and >= 0", b.temperature));
-                    }
-                    let pads = b.prompt.matches(plateau_engine::tokenizer::IMAGE_PAD_TEXT).count();
-                    if pads > 0 && b.images.is_empty() {
-                        return fail(
-                            at("images"),
-                            format!("the prompt has {pads} <|image_pad|> placeholders and no images"),
-                        );
-                    }
-                    if pads == 0 && !b.images.is_empty() {
-                        return fail(
-                            at("images"),
-                            "images given but the prompt has no <|image_pad|> placeholder".into(),
-                        );
-                    }
-                    if let Some(img) =
-                        b.images.iter().find(|i| i.width == 0 || i.height == 0 || i.width > 8192 || i.height > 8192)
-                    {
-                        return fail(at("images"), format!("{}x{}: sides must be in 1..=8192", img.width, img.height));
-                    }
-                    if pads > 0 && e.weights.is_none() {
-                        let vision = plateau_engine::ModelConfig::preset(&e.preset).map(|c| c.vision.is_some());
-                        if vision == Ok(false) {
-                            return fail(
-                                eng("preset"),
-                                format!("`{}` has no vision encoder and phase {i} sends images; use tiny-vl", e.preset),
-                            );
-                        }
-                    }
-                }
-                Phase::Pressure(pr) => {
-                    check_sampling(pr.n, pr.max_tokens)?;
-                    check_abort(&pr.abort)?;
-                    if pr.prompt_tokens == 0 {
-                        return fail(at("prompt_tokens"), "must be at least 1".into());
-                    }
-                    if pr.prompt_tokens as u64 + pr.max_tokens as u64 >= max_len as u64 {
-                        return fail(
-                            at("prompt_tokens"),
-                            format!(
-                                "prompt_tokens {} + max_tokens {} leave no room under the model's {max_len} tokens",
-                                pr.prompt_tokens, pr.max_tokens
-                            ),
-                        );
-                    }
-                    if !(pr.overcommit > 1.0 && pr.overcommit <= 10.0) {
-                        return fail(at("overcommit"), format!("{} is outside (1, 10]", pr.overcommit));
-                    }
-                    let need = pr.prompt_tokens as usize + pr.n as usize * pr.max_tokens as usize;
-                    if need.div_ceil(e.block_size) > e.num_kv_blocks {
-                        return fail(at("prompt_tokens"), "one request alone needs more than the whole KV pool".into());
-                    }
-                }
-                Phase::Sleep(s) => {
-                    if !(1..=2).contains(&s.level) {
-                        return fail(at("level"), format!("{} is not 1 or 2", s.level));
-                    }
-                }
             }
+        }
+    }
+
+    /// A batch phase's limits: requests and sequences within their caps, a prompt that fits the
+    /// model, sampling settings in range, and images that match the prompt's placeholders.
+    fn batch(&self, i: usize, b: &Batch, max_len: usize) -> Result<(), ScenarioError> {
+        let e = &self.s.engine;
+        let at = |key| Place { section: Some(("phase", i)), key };
+        if !(1..=MAX_REQUESTS_PER_PHASE).contains(&b.requests) {
+            return self.fail(at("requests"), format!("{} is outside 1..={MAX_REQUESTS_PER_PHASE}", b.requests));
+        }
+        let sequences = u64::from(b.requests) * u64::from(b.n);
+        if sequences > MAX_SEQUENCES_PER_PHASE {
+            return self.fail(
+                    at("requests"),
+                    format!(
+                        "{} requests of n = {} are {sequences} sequences in one phase, above the cap of {MAX_SEQUENCES_PER_PHASE}",
+                        b.requests, b.n
+                    ),
+                );
+        }
+        if b.invalid > MAX_REQUESTS_PER_PHASE {
+            return self.fail(at("invalid"), format!("{} is above {MAX_REQUESTS_PER_PHASE}", b.invalid));
+        }
+        if let Some(w) = template_widths(&b.prompt).find(|w| *w > MAX_TEMPLATE_WIDTH) {
+            return self.fail(
+                at("prompt"),
+                format!("a field width of {w} is above {MAX_TEMPLATE_WIDTH} (a request counter has at most 20 digits)"),
+            );
+        }
+        let fixed = b.shared_prefix_tokens as u64 + b.prompt_tokens.unwrap_or(0) as u64;
+        if fixed + b.max_tokens as u64 >= max_len as u64 {
+            let key = if b.shared_prefix_tokens as u64 >= b.prompt_tokens.unwrap_or(0) as u64 {
+                "shared_prefix_tokens"
+            } else {
+                "prompt_tokens"
+            };
+            return self.fail(
+                    at(key),
+                    format!(
+                        "shared_prefix_tokens {} + prompt_tokens {} + max_tokens {} leave no room under the model's {max_len} tokens",
+                        b.shared_prefix_tokens,
+                        b.prompt_tokens.unwrap_or(0),
+                        b.max_tokens
+                    ),
+                );
+        }
+        if !(b.top_p > 0.0 && b.top_p <= 1.0) {
+            return self.fail(at("top_p"), format!("{} is outside (0, 1]", b.top_p));
+        }
+        if !(b.temperature >= 0.0 && b.temperature.is_finite()) {
+            return self.fail(at("temperature"), format!("{} must be finite and >= 0", b.temperature));
+        }
+        let pads = b.prompt.matches(plateau_engine::tokenizer::IMAGE_PAD_TEXT).count();
+        if pads > 0 && b.images.is_empty() {
+            return self.fail(at("images"), format!("the prompt has {pads} <|image_pad|> placeholders and no images"));
+        }
+        if pads == 0 && !b.images.is_empty() {
+            return self.fail(at("images"), "images given but the prompt has no <|image_pad|> placeholder".into());
+        }
+        if let Some(img) = b.images.iter().find(|i| i.width == 0 || i.height == 0 || i.width > 8192 || i.height > 8192)
+        {
+            return self.fail(at("images"), format!("{}x{}: sides must be in 1..=8192", img.width, img.height));
+        }
+        if pads > 0 && e.weights.is_none() {
+            let vision = plateau_engine::ModelConfig::preset(&e.preset).map(|c| c.vision.is_some());
+            if vision == Ok(false) {
+                return self.fail(
+                    eng("preset"),
+                    format!("`{}` has no vision encoder and phase {i} sends images; use tiny-vl", e.preset),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// A pressure phase's limits: a prompt that fits, an overcommit in range, one request within
+    /// the KV pool.
+    fn pressure(&self, i: usize, pr: &Pressure, max_len: usize) -> Result<(), ScenarioError> {
+        let e = &self.s.engine;
+        let at = |key| Place { section: Some(("phase", i)), key };
+        if pr.prompt_tokens == 0 {
+            return self.fail(at("prompt_tokens"), "must be at least 1".into());
+        }
+        if pr.prompt_tokens as u64 + pr.max_tokens as u64 >= max_len as u64 {
+            return self.fail(
+                at("prompt_tokens"),
+                format!(
+                    "prompt_tokens {} + max_tokens {} leave no room under the model's {max_len} tokens",
+                    pr.prompt_tokens, pr.max_tokens
+                ),
+            );
+        }
+        if !(pr.overcommit > 1.0 && pr.overcommit <= 10.0) {
+            return self.fail(at("overcommit"), format!("{} is outside (1, 10]", pr.overcommit));
+        }
+        let need = pr.prompt_tokens as usize + pr.n as usize * pr.max_tokens as usize;
+        if need.div_ceil(e.block_size) > e.num_kv_blocks {
+            return self.fail(at("prompt_tokens"), "one request alone needs more than the whole KV pool".into());
         }
         Ok(())
     }
