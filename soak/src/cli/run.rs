@@ -124,41 +124,17 @@ pub fn main(a: Args) -> u8 {
         external,
         ci,
     } = a;
-    if profile && !plateau_soak::heapprof::control::compiled_in() {
-        eprintln!("plateau: --profile: this build of plateau has no heap profiling (jemalloc without `profiling`)");
-        return USAGE;
-    }
-    let (mut s, _) = match Scenario::load(&scenario) {
+    let mut s = match load(&scenario, profile) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("plateau: {e}");
-            return USAGE;
-        }
+        Err(code) => return code,
     };
-    if !external.spawn_env.is_empty() && external.spawn.is_none() && external.topology.is_none() {
-        eprintln!("plateau: --spawn-env is the environment of a server plateau starts: give --spawn \"CMD\" or --topology FILE");
-        return USAGE;
-    }
-    if external.dialect.is_some() && external.target.is_none() && external.topology.is_none() {
-        eprintln!("plateau: --dialect names an external server's dialect: give --target URL or --topology FILE");
-        return USAGE;
+    if let Err(code) = external.check() {
+        return code;
     }
     // A deployment's file, its ports taken now: its URL is the run's target.
-    let topology = match &external.topology {
-        None => None,
-        Some(file) => {
-            let exe = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "plateau".into());
-            let injections: Vec<String> = inject.iter().map(|i| i.name().to_string()).collect();
-            let fill =
-                plateau_soak::external::topology::Fill { plateau: &exe, scenario: &scenario, injections: &injections };
-            match plateau_soak::external::topology::load(file, &fill) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    eprintln!("plateau: {e}");
-                    return USAGE;
-                }
-            }
-        }
+    let topology = match load_topology(&external, &scenario, &inject) {
+        Ok(t) => t,
+        Err(code) => return code,
     };
     let target_url = external.target.clone().or_else(|| topology.as_ref().map(|t| t.url.clone()));
     // A server plateau does not run in-process warms as a real engine does: the scenario's target
@@ -168,55 +144,29 @@ pub fn main(a: Args) -> u8 {
     if target_url.is_some() && iterations.is_none() && duration.is_none() {
         s.soak = target_length(&s.soak, topology.as_ref().and_then(|t| t.soak), quiet);
     }
-    let planned = iterations.unwrap_or(s.soak.iterations);
-    let cap = max_iterations.unwrap_or_else(|| s.soak.until_decided_cap(planned));
-    if until_decided && cap < planned {
-        eprintln!("plateau: --max-iterations {cap} is below the run's planned length ({planned} iterations)");
-        return USAGE;
-    }
-    let interrupt = Arc::new(AtomicBool::new(false));
-    // Ctrl-C sets the flag from the signal handler itself: no handler thread, whose first
-    // allocation (its arena, at a moment the scheduler picks) would race the baseline sample.
-    if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&interrupt)) {
-        eprintln!("plateau: warning: Ctrl-C will end the run without a verdict: {e}");
-    }
-    let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("{}-{}", s.name, timestamp())));
-    // A run refused for bad input leaves no directory of its own behind (`history add
-    // runs/*` must keep working); a directory the user named and that existed stays.
-    let fresh_dir = !out_dir.exists();
-    if let Err(e) = plateau_soak::fsutil::claim_run_dir(&out_dir) {
-        eprintln!("plateau: --out {e}");
-        return USAGE;
-    }
-    let mut environment = None;
-    if profile_window.is_none() {
-        // The profiled replay's child writes into its own directory: only the run itself
-        // records where it ran.
-        let id = plateau_soak::environment::RunIdentity {
-            version: env!("CARGO_PKG_VERSION"),
-            commit: env!("PLATEAU_COMMIT"),
-            source: &s.file,
-            seed: seed.unwrap_or(s.soak.seed),
-            backend: if target_url.is_some() { "external" } else { backend.as_deref().unwrap_or(&s.engine.backend) },
-            target: target_url.as_deref(),
-            replay_args: replay_args(&scenario, seed.unwrap_or(s.soak.seed), &origin),
-        };
-        let env = plateau_soak::environment::collect(&s, &id);
-        let text = serde_json::to_string_pretty(&env).unwrap_or_default() + "\n";
-        // What `plateau shrink` replays: the scenario as it was read and the command as typed.
-        let argv = serde_json::to_string(&std::env::args().collect::<Vec<_>>()).unwrap_or_default() + "\n";
-        let write = |name: &str, bytes: &[u8]| plateau_soak::fsutil::write_atomic(&out_dir.join(name), bytes);
-        if let Err(e) = std::fs::create_dir_all(&out_dir)
-            .and_then(|_| write("environment.json", text.as_bytes()))
-            .and_then(|_| write(plateau_soak::shrink::SCENARIO_FILE, s.text.as_bytes()))
-            .and_then(|_| write(plateau_soak::shrink::COMMAND_FILE, argv.as_bytes()))
-        {
-            eprintln!("plateau: --out {}: {e}", out_dir.display());
-            return USAGE;
+    let cap = match decided_cap(&s, iterations, max_iterations, until_decided) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let interrupt = interrupt_flag();
+    let (out_dir, fresh_dir) = match claim_out(out, &s.name) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    // The profiled replay's child writes into its own directory: only the run itself records
+    // where it ran.
+    let environment = match profile_window {
+        Some(_) => None,
+        None => {
+            let seed = seed.unwrap_or(s.soak.seed);
+            let backend =
+                if target_url.is_some() { "external" } else { backend.as_deref().unwrap_or(&s.engine.backend) };
+            match record_run(&s, &scenario, seed, backend, target_url.as_deref(), &origin, &out_dir) {
+                Ok(env) => Some(env),
+                Err(code) => return code,
+            }
         }
-        environment = Some(env);
-    }
-    let opts_out_dir = out_dir.clone();
+    };
     let opts = RunOptions {
         iterations,
         duration,
@@ -236,106 +186,271 @@ pub fn main(a: Args) -> u8 {
         stop_on_exact_failure,
         stop_when_decided,
     };
-    let result = match &target_url {
-        Some(url) => {
-            if pd_processes || opts.backend.is_some() {
-                eprintln!("plateau: --target: --pd-processes and --backend apply to plateau's own engine only");
-                return USAGE;
-            }
-            if profile && external.spawn.is_none() && topology.is_none() {
-                eprintln!("plateau: --target --profile: the profiled replay starts a fresh server under a profiler; give the command with --spawn \"CMD\"");
-                return USAGE;
-            }
-            if opts.sample_interval_ms.is_some_and(|ms| ms > 0) {
-                eprintln!("plateau: --target: a server is sampled at quiescent points only (no timer samples); drop --sample-interval-ms");
-                return USAGE;
-            }
-            let ext = plateau_soak::external::ExternalOptions {
-                url: url.clone(),
-                pid: external.pid,
-                spawn: external.spawn.clone(),
-                metrics_map: external.metrics_map.clone(),
-                concurrency: external.concurrency as usize,
-                ready_timeout: std::time::Duration::from_secs(external.ready_timeout_s()),
-                settle_timeout: std::time::Duration::from_millis(external.settle_timeout_ms),
-                request_timeout: std::time::Duration::from_secs(external.request_timeout_s),
-                spawn_env: external.spawn_env.clone(),
-                dialect: external.dialect,
-                topology: topology.clone(),
-                python_hook: !external.no_python_hook,
-                profile_process: external.profile_process.clone(),
-            };
-            plateau_soak::external::run(&s, &opts, &ext)
-        }
-        None => driver::run(&s, &opts),
+    let f = Finish {
+        target_url: target_url.as_deref(),
+        topology: topology.as_ref(),
+        external: &external,
+        no_replay,
+        profile,
+        environment: environment.as_ref(),
+        ci: &ci,
     };
-    match result {
-        Ok(mut r) => {
-            let named = match &target_url {
-                _ if no_replay => None,
-                None => super::sites::heap_sites(&mut r, &opts, profile),
-                Some(url) => {
-                    let roles = topology.iter().flat_map(|t| t.processes.iter().map(|p| p.role.clone())).collect();
-                    let server = external.replay_of(url, roles, r.verdict.injections.clone());
-                    super::sites::server_sites(&mut r, &opts, &server, profile)
-                }
-            };
-            if let Some(code) = named {
-                return code;
-            }
-            if r.aborts.invalid_accepted > 0 {
-                eprintln!(
-                    "plateau: the target answered 2xx to {} invalid requests it should have refused",
-                    r.aborts.invalid_accepted
-                );
-            }
-            eprint!("{}", describe(&r.verdict));
-            eprintln!(
-                "plateau: {} iterations in {:.1} s ({} aborted, {} abort targets ended first, {} invalid requests refused); results in {}",
-                r.iterations,
-                r.wall_secs,
-                r.aborts.aborted,
-                r.aborts.missed,
-                r.aborts.invalid_refused,
-                r.out_dir.display()
-            );
-            if !r.triggers.is_empty() {
-                eprintln!("plateau: triggers fired: {}", plateau_soak::triggers::summary(&r.triggers));
-                for t in plateau_soak::triggers::short(&r.triggers) {
-                    eprintln!(
-                        "plateau: warning: the scenario claims {} but it fired {} time{} (fewer than {}): too few to be sure a leak on that path would show",
-                        t.trigger,
-                        t.fired,
-                        if t.fired == 1 { "" } else { "s" },
-                        plateau_soak::triggers::MIN_FIRED
-                    );
-                }
-            }
-            let replay = plateau_reports::replay_command(&r.verdict, environment.as_ref());
-            let run = plateau_reports::ci::RunRef {
-                verdict: &r.verdict,
-                dir: r.out_dir.display().to_string(),
-                replay: Some(replay.clone()),
-            };
-            if let Err(code) = ci.write(&[run]) {
-                return code;
-            }
-            if r.verdict.failed() {
-                eprintln!("plateau: reproduce with: {replay}");
-            } else if r.interrupted {
-                eprintln!("plateau: interrupted: the verdict is incomplete (nothing here is a pass)");
-            } else if r.verdict.inconclusive() {
-                eprintln!("plateau: inconclusive: too little evidence to judge; run longer (nothing here is a pass)");
-            }
-            verdict_code(&r.verdict)
+    execute(&s, &opts, f, fresh_dir)
+}
+
+impl ExternalArgs {
+    /// Flags that only mean something with a server plateau starts or reads: said, and exit 2.
+    fn check(&self) -> Result<(), u8> {
+        if !self.spawn_env.is_empty() && self.spawn.is_none() && self.topology.is_none() {
+            eprintln!("plateau: --spawn-env is the environment of a server plateau starts: give --spawn \"CMD\" or --topology FILE");
+            return Err(USAGE);
         }
+        if self.dialect.is_some() && self.target.is_none() && self.topology.is_none() {
+            eprintln!("plateau: --dialect names an external server's dialect: give --target URL or --topology FILE");
+            return Err(USAGE);
+        }
+        Ok(())
+    }
+
+    /// The options of a run against the server at `url`; flags that apply to plateau's own engine
+    /// only, or that a server cannot take, are said, and exit 2.
+    fn options(
+        &self,
+        url: &str,
+        topology: Option<&plateau_soak::external::topology::Topology>,
+        opts: &RunOptions,
+        profile: bool,
+    ) -> Result<plateau_soak::external::ExternalOptions, u8> {
+        if opts.pd_processes || opts.backend.is_some() {
+            eprintln!("plateau: --target: --pd-processes and --backend apply to plateau's own engine only");
+            return Err(USAGE);
+        }
+        if profile && self.spawn.is_none() && topology.is_none() {
+            eprintln!("plateau: --target --profile: the profiled replay starts a fresh server under a profiler; give the command with --spawn \"CMD\"");
+            return Err(USAGE);
+        }
+        if opts.sample_interval_ms.is_some_and(|ms| ms > 0) {
+            eprintln!("plateau: --target: a server is sampled at quiescent points only (no timer samples); drop --sample-interval-ms");
+            return Err(USAGE);
+        }
+        let ext = plateau_soak::external::ExternalOptions {
+            url: url.to_string(),
+            pid: self.pid,
+            spawn: self.spawn.clone(),
+            metrics_map: self.metrics_map.clone(),
+            concurrency: self.concurrency as usize,
+            ready_timeout: std::time::Duration::from_secs(self.ready_timeout_s()),
+            settle_timeout: std::time::Duration::from_millis(self.settle_timeout_ms),
+            request_timeout: std::time::Duration::from_secs(self.request_timeout_s),
+            spawn_env: self.spawn_env.clone(),
+            dialect: self.dialect,
+            topology: topology.cloned(),
+            python_hook: !self.no_python_hook,
+            profile_process: self.profile_process.clone(),
+        };
+        Ok(ext)
+    }
+}
+
+/// The run's directory (`--out`, else runs/NAME-TIME), claimed for this run, and whether it is
+/// new: a run refused for bad input leaves no directory of its own behind (`history add runs/*`
+/// must keep working), while a directory the user named and that existed stays.
+fn claim_out(out: Option<PathBuf>, name: &str) -> Result<(PathBuf, bool), u8> {
+    let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("{name}-{}", timestamp())));
+    let fresh_dir = !out_dir.exists();
+    if let Err(e) = plateau_soak::fsutil::claim_run_dir(&out_dir) {
+        eprintln!("plateau: --out {e}");
+        return Err(USAGE);
+    }
+    Ok((out_dir, fresh_dir))
+}
+
+/// The scenario of `plateau run` (a shipped name or a file), and `--profile` refused where this
+/// build cannot profile; bad input is said, and exit 2.
+fn load(scenario: &str, profile: bool) -> Result<Scenario, u8> {
+    if profile && !plateau_soak::heapprof::control::compiled_in() {
+        eprintln!("plateau: --profile: this build of plateau has no heap profiling (jemalloc without `profiling`)");
+        return Err(USAGE);
+    }
+    match Scenario::load(scenario) {
+        Ok((s, _)) => Ok(s),
         Err(e) => {
-            if fresh_dir && matches!(e, RunError::Input(_)) {
-                let _ = std::fs::remove_dir_all(&opts_out_dir);
-            }
-            run_error_code(e)
+            eprintln!("plateau: {e}");
+            Err(USAGE)
         }
     }
+}
+
+/// The cap of `--until-decided`: `--max-iterations`, else the scenario's; one below the planned
+/// length is said, and exit 2.
+fn decided_cap(s: &Scenario, iterations: Option<u64>, max: Option<u64>, until_decided: bool) -> Result<u64, u8> {
+    let planned = iterations.unwrap_or(s.soak.iterations);
+    let cap = max.unwrap_or_else(|| s.soak.until_decided_cap(planned));
+    if until_decided && cap < planned {
+        eprintln!("plateau: --max-iterations {cap} is below the run's planned length ({planned} iterations)");
+        return Err(USAGE);
+    }
+    Ok(cap)
+}
+
+/// Ctrl-C sets the returned flag from the signal handler itself: no handler thread, whose first
+/// allocation (its arena, at a moment the scheduler picks) would race the baseline sample.
+fn interrupt_flag() -> Arc<AtomicBool> {
+    let interrupt = Arc::new(AtomicBool::new(false));
+    if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&interrupt)) {
+        eprintln!("plateau: warning: Ctrl-C will end the run without a verdict: {e}");
+    }
+    interrupt
+}
+
+/// The deployment of `--topology`, its ports taken now (its URL is the run's target), or None;
+/// a file that does not read is said, and exit 2.
+fn load_topology(
+    external: &ExternalArgs,
+    scenario: &str,
+    inject: &[Injection],
+) -> Result<Option<plateau_soak::external::topology::Topology>, u8> {
+    let Some(file) = &external.topology else { return Ok(None) };
+    let exe = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "plateau".into());
+    let injections: Vec<String> = inject.iter().map(|i| i.name().to_string()).collect();
+    let fill = plateau_soak::external::topology::Fill { plateau: &exe, scenario, injections: &injections };
+    match plateau_soak::external::topology::load(file, &fill) {
+        Ok(t) => Ok(Some(t)),
+        Err(e) => {
+            eprintln!("plateau: {e}");
+            Err(USAGE)
+        }
+    }
+}
+
+/// Writes what the run ran on (environment.json) and what `plateau shrink` replays of it (the
+/// scenario as it was read, the command as typed) into `out_dir`; a directory that cannot be
+/// written is said, and exit 2.
+fn record_run(
+    s: &Scenario,
+    scenario: &str,
+    seed: u64,
+    backend: &str,
+    target: Option<&str>,
+    origin: &plateau_soak::shrink::Origin,
+    out_dir: &std::path::Path,
+) -> Result<plateau_reports::Environment, u8> {
+    let id = plateau_soak::environment::RunIdentity {
+        version: env!("CARGO_PKG_VERSION"),
+        commit: env!("PLATEAU_COMMIT"),
+        source: &s.file,
+        seed,
+        backend,
+        target,
+        replay_args: replay_args(scenario, seed, origin),
+    };
+    let env = plateau_soak::environment::collect(s, &id);
+    let text = serde_json::to_string_pretty(&env).unwrap_or_default() + "\n";
+    let argv = serde_json::to_string(&std::env::args().collect::<Vec<_>>()).unwrap_or_default() + "\n";
+    let write = |name: &str, bytes: &[u8]| plateau_soak::fsutil::write_atomic(&out_dir.join(name), bytes);
+    if let Err(e) = std::fs::create_dir_all(out_dir)
+        .and_then(|_| write("environment.json", text.as_bytes()))
+        .and_then(|_| write(plateau_soak::shrink::SCENARIO_FILE, s.text.as_bytes()))
+        .and_then(|_| write(plateau_soak::shrink::COMMAND_FILE, argv.as_bytes()))
+    {
+        eprintln!("plateau: --out {}: {e}", out_dir.display());
+        return Err(USAGE);
+    }
+    Ok(env)
+}
+
+/// Runs the scenario against plateau's engine or the server of `f`, then finishes the run
+/// (`finish`); a run refused for bad input removes the directory it made (`fresh_dir`).
+fn execute(s: &Scenario, opts: &RunOptions, f: Finish, fresh_dir: bool) -> u8 {
+    let result = match f.target_url {
+        Some(url) => match f.external.options(url, f.topology, opts, f.profile) {
+            Ok(ext) => plateau_soak::external::run(s, opts, &ext),
+            Err(code) => return code,
+        },
+        None => driver::run(s, opts),
+    };
+    match result {
+        Ok(r) => finish(r, opts, f),
+        // A run refused for bad input leaves no directory of its own behind.
+        Err(e) if fresh_dir && matches!(e, RunError::Input(_)) => {
+            let _ = std::fs::remove_dir_all(&opts.out_dir);
+            run_error_code(e)
+        }
+        Err(e) => run_error_code(e),
+    }
+}
+
+/// What a finished run's report needs beside the run: where it ran and how it was asked for.
+struct Finish<'a> {
+    target_url: Option<&'a str>,
+    topology: Option<&'a plateau_soak::external::topology::Topology>,
+    external: &'a ExternalArgs,
+    no_replay: bool,
+    profile: bool,
+    environment: Option<&'a plateau_reports::Environment>,
+    ci: &'a CiArgs,
+}
+
+/// A finished run: its failing heap replayed to name the line (unless --no-replay), its verdict
+/// and figures said, the CI files written, and its exit code.
+fn finish(mut r: driver::RunResult, opts: &RunOptions, f: Finish) -> u8 {
+    let named = match f.target_url {
+        _ if f.no_replay => None,
+        None => super::sites::heap_sites(&mut r, opts, f.profile),
+        Some(url) => {
+            let roles = f.topology.iter().flat_map(|t| t.processes.iter().map(|p| p.role.clone())).collect();
+            let server = f.external.replay_of(url, roles, r.verdict.injections.clone());
+            super::sites::server_sites(&mut r, opts, &server, f.profile)
+        }
+    };
+    if let Some(code) = named {
+        return code;
+    }
+    if r.aborts.invalid_accepted > 0 {
+        eprintln!(
+            "plateau: the target answered 2xx to {} invalid requests it should have refused",
+            r.aborts.invalid_accepted
+        );
+    }
+    eprint!("{}", describe(&r.verdict));
+    eprintln!(
+        "plateau: {} iterations in {:.1} s ({} aborted, {} abort targets ended first, {} invalid requests refused); results in {}",
+        r.iterations,
+        r.wall_secs,
+        r.aborts.aborted,
+        r.aborts.missed,
+        r.aborts.invalid_refused,
+        r.out_dir.display()
+    );
+    if !r.triggers.is_empty() {
+        eprintln!("plateau: triggers fired: {}", plateau_soak::triggers::summary(&r.triggers));
+        for t in plateau_soak::triggers::short(&r.triggers) {
+            eprintln!(
+                "plateau: warning: the scenario claims {} but it fired {} time{} (fewer than {}): too few to be sure a leak on that path would show",
+                t.trigger,
+                t.fired,
+                if t.fired == 1 { "" } else { "s" },
+                plateau_soak::triggers::MIN_FIRED
+            );
+        }
+    }
+    let replay = plateau_reports::replay_command(&r.verdict, f.environment);
+    let run = plateau_reports::ci::RunRef {
+        verdict: &r.verdict,
+        dir: r.out_dir.display().to_string(),
+        replay: Some(replay.clone()),
+    };
+    if let Err(code) = f.ci.write(&[run]) {
+        return code;
+    }
+    if r.verdict.failed() {
+        eprintln!("plateau: reproduce with: {replay}");
+    } else if r.interrupted {
+        eprintln!("plateau: interrupted: the verdict is incomplete (nothing here is a pass)");
+    } else if r.verdict.inconclusive() {
+        eprintln!("plateau: inconclusive: too little evidence to judge; run longer (nothing here is a pass)");
+    }
+    verdict_code(&r.verdict)
 }
 
 /// The arguments that shaped a run, as its replay repeats them: the scenario as given, the seed
