@@ -3,8 +3,8 @@
 //! on one stream, the final norm and LM head for the rows that want logits, and those logits read
 //! back to the host. Activations and metadata live for the call only.
 
-use super::backend::CudaBackend;
-use super::batch::flatten;
+use super::backend::{CudaBackend, DeviceKv, DeviceWeights};
+use super::batch::{flatten, Flat};
 use super::device::Category;
 use super::kernels::{cfg, elementwise, Arg};
 use crate::error::{EngineError, Result};
@@ -19,13 +19,7 @@ impl CudaBackend {
         let (qd, kvd, inter, bs) = (c.q_dim(), c.kv_dim(), c.intermediate_size, kv.block_size);
         let dt = self.dtype;
         let ws = |data: &[i32], what: &str| self.alloc.upload(Category::Workspace, data, what);
-        if !batch.copies.is_empty() {
-            let pairs: Vec<i32> = batch.copies.iter().flat_map(|cp| [cp.src as i32, cp.dst as i32]).collect();
-            let pairs = ws(&pairs, "copy-on-write block pairs")?;
-            let args = [Arg::P(kv.bases.ptr()), Arg::P(pairs.ptr()), Arg::I((bs * kvd) as i32)];
-            let grid = (batch.copies.len() as u32, (2 * kv.k.len()) as u32);
-            self.kernels.launch("copy_blocks", dt, cfg(grid, 256, 0), &args)?;
-        }
+        self.copy_blocks(batch, kv, bs * kvd)?;
         let f = flatten(batch, c, bs)?;
         let t = f.tokens.len();
         if t == 0 {
@@ -53,17 +47,7 @@ impl CudaBackend {
             cfg(rows, threads, 0),
             &[Arg::P(w.embed.ptr()), Arg::P(tokens.ptr()), Arg::P(x.ptr()), Arg::I(h as i32)],
         )?;
-        if !f.embed_rows.is_empty() {
-            let er = ws(&f.embed_rows, "image rows")?;
-            let ed = self.alloc.upload(Category::Workspace, &f.embed_data, "image embeddings")?;
-            let grid = (f.embed_rows.len() as u32, 1);
-            self.kernels.launch(
-                "set_rows",
-                dt,
-                cfg(grid, threads, 0),
-                &[Arg::P(x.ptr()), Arg::P(ed.ptr()), Arg::P(er.ptr()), Arg::I(h as i32)],
-            )?;
-        }
+        self.set_image_rows(&f, x.ptr(), h, threads)?;
         let scale = 1.0 / (hd as f32).sqrt();
         let attn_shared = attention_shared_bytes(hd, f.max_ctx, ATTENTION_THREADS)?;
         for (l, lw) in w.layers.iter().enumerate() {
@@ -72,14 +56,7 @@ impl CudaBackend {
             self.linear(hn.ptr(), lw.k.ptr(), k.ptr(), t, h, kvd)?;
             self.linear(hn.ptr(), lw.v.ptr(), v.ptr(), t, h, kvd)?;
             for (buf, heads) in [(&q, nh), (&k, nkv)] {
-                let args = [
-                    Arg::P(buf.ptr()),
-                    Arg::P(positions.ptr()),
-                    Arg::P(w.inv_freq.ptr()),
-                    Arg::I(heads as i32),
-                    Arg::I(hd as i32),
-                ];
-                self.kernels.launch("rope", dt, cfg(rows, (heads * hd / 2) as u32, 0), &args)?;
+                self.rope(buf.ptr(), positions.ptr(), w.inv_freq.ptr(), heads, hd, t)?;
             }
             let args = [
                 Arg::P(k.ptr()),
@@ -126,15 +103,56 @@ impl CudaBackend {
             self.linear(gate.ptr(), lw.down.ptr(), tmp.ptr(), t, inter, h)?;
             self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
         }
-        let r = f.logit_rows.len();
+        self.logits(x.ptr(), w, &f.logit_rows, h, c.vocab_size)
+    }
+
+    /// Copy-on-write: each (src, dst) pair of the batch's block copies, `block_elems` values of
+    /// each layer's K and V.
+    fn copy_blocks(&self, batch: &ForwardBatch, kv: &DeviceKv, block_elems: usize) -> Result<()> {
+        if batch.copies.is_empty() {
+            return Ok(());
+        }
+        let pairs: Vec<i32> = batch.copies.iter().flat_map(|cp| [cp.src as i32, cp.dst as i32]).collect();
+        let pairs = self.alloc.upload(Category::Workspace, &pairs, "copy-on-write block pairs")?;
+        let args = [Arg::P(kv.bases.ptr()), Arg::P(pairs.ptr()), Arg::I(block_elems as i32)];
+        let grid = (batch.copies.len() as u32, (2 * kv.k.len()) as u32);
+        self.kernels.launch("copy_blocks", self.dtype, cfg(grid, 256, 0), &args)
+    }
+
+    /// Image placeholders' rows of the hidden states `x` set to the encoder's embeddings.
+    fn set_image_rows(&self, f: &Flat, x: u64, h: usize, threads: u32) -> Result<()> {
+        if f.embed_rows.is_empty() {
+            return Ok(());
+        }
+        let er = self.alloc.upload(Category::Workspace, &f.embed_rows, "image rows")?;
+        let ed = self.alloc.upload(Category::Workspace, &f.embed_data, "image embeddings")?;
+        let grid = (f.embed_rows.len() as u32, 1);
+        self.kernels.launch(
+            "set_rows",
+            self.dtype,
+            cfg(grid, threads, 0),
+            &[Arg::P(x), Arg::P(ed.ptr()), Arg::P(er.ptr()), Arg::I(h as i32)],
+        )
+    }
+
+    /// Rotary positions applied in place to `t` rows of `heads` heads of `hd` dimensions.
+    fn rope(&self, buf: u64, positions: u64, inv_freq: u64, heads: usize, hd: usize, t: usize) -> Result<()> {
+        let args = [Arg::P(buf), Arg::P(positions), Arg::P(inv_freq), Arg::I(heads as i32), Arg::I(hd as i32)];
+        self.kernels.launch("rope", self.dtype, cfg((t as u32, 1), (heads * hd / 2) as u32, 0), &args)
+    }
+
+    /// The final norm and LM head for the rows of `x` that want logits, read back to the host as
+    /// f32, a vector of `vocab` per row (none, after the stream finished, where no row wants any).
+    fn logits(&self, x: u64, w: &DeviceWeights, logit_rows: &[i32], h: usize, vocab: usize) -> Result<Vec<Vec<f32>>> {
+        let dt = self.dtype;
+        let r = logit_rows.len();
         if r == 0 {
             self.synchronize()?;
             return Ok(Vec::new());
         }
-        let lr = ws(&f.logit_rows, "logit rows")?;
+        let lr = self.alloc.upload(Category::Workspace, logit_rows, "logit rows")?;
         let normed = self.act(r * h, "final normed rows")?;
-        self.rmsnorm(x.ptr(), lr.ptr(), w.final_norm.ptr(), normed.ptr(), r)?;
-        let vocab = c.vocab_size;
+        self.rmsnorm(x, lr.ptr(), w.final_norm.ptr(), normed.ptr(), r)?;
         let logits = self.act(r * vocab, "logits")?;
         self.linear(normed.ptr(), w.lm_head.ptr(), logits.ptr(), r, h, vocab)?;
         let out = self.alloc.alloc(Category::Staging, r * vocab * 4, "logits for the host")?;
