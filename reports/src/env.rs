@@ -40,6 +40,10 @@ pub struct Environment {
     pub memory_bytes: u64,
     /// The GPU seen (name and memory), or why none was ("not available: ...").
     pub gpu: String,
+    /// Whether the process's address space was laid out the same as in every run (the kernel's
+    /// randomisation off) or randomised, and why. Absent in files written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_layout: Option<String>,
     /// The arguments of `plateau run` that shaped the run, as it resolved them (the scenario,
     /// `--seed`, backend, warm-up, tolerance, injections, P/D processes, timer, the target and
     /// its command and settings), without its length: what [`replay_command`] repeats. Absent in

@@ -121,6 +121,7 @@ pub fn collect(s: &Scenario, id: &RunIdentity) -> Environment {
         cpus: std::thread::available_parallelism().map_or(0, |n| n.get() as u64),
         memory_bytes: memory_bytes(),
         gpu: gpu(),
+        address_layout: Some(plateau_probes::layout::describe_current()),
         replay_args: id.replay_args.clone(),
     }
 }

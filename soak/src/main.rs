@@ -21,7 +21,10 @@ plateau_probes::install_harness_allocator!();
 the kernel's view of the process and every engine registry, and fails the run on growth that does \
 not level off.\n\nExit codes: 0 pass; 1 growth or leak detected; 2 usage or input error; \
 3 the engine or the harness itself failed; 4 inconclusive (too little evidence to judge: a run \
-too short for its warm-up, a metric with no quiescent values). Nothing unjudged passes."
+too short for its warm-up, a metric with no quiescent values). Nothing unjudged passes.\n\n\
+plateau lays out its address space the same in every run (it turns the kernel's randomisation \
+off for itself, as gdb does, and gives it back to a server it spawns), so that a seed repeats \
+the allocator's bookkeeping too; PLATEAU_ASLR=keep keeps the randomisation."
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
@@ -72,6 +75,9 @@ pub(crate) enum Cmd {
 }
 
 fn main() -> ExitCode {
+    // First of all: the same address space in every run of a seed (the kernel's randomisation
+    // off, by executing the program again), before the allocator maps anything it judges.
+    plateau_probes::layout::fix();
     // Before anything maps memory of its own: the allocator's address space is told apart from
     // the rest from here on (`proc.anon_outside_heap`).
     plateau_soak::extents::install();

@@ -89,10 +89,15 @@ impl Target {
         let mut c = Command::new("sh");
         c.arg("-c").arg(shell_line(cmd)).stdin(Stdio::null()).stdout(out).stderr(err).process_group(0);
         c.envs(env.iter().map(|(k, v)| (k, v)));
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        // The server runs with the address-space layout the kernel gives it: plateau fixes its
+        // own (plateau_probes::layout), not the target's.
+        let persona = plateau_probes::layout::child_persona();
+        // SAFETY: prctl and personality are async-signal-safe; nothing else runs between fork
+        // and exec.
         unsafe {
-            c.pre_exec(|| {
+            c.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                plateau_probes::layout::restore_in_child(persona);
                 Ok(())
             });
         }

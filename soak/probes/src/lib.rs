@@ -8,6 +8,8 @@
 //!   harness allocates never reads as the engine's growth (the binary installs its allocator);
 //! - `extents.rs` and `base_blocks.rs`: the address ranges jemalloc maps, recorded by extent hooks,
 //!   so that anonymous memory outside the allocator can be told from its own;
+//! - `layout.rs`: the process's address space laid out the same in every run (the kernel's
+//!   randomisation turned off at start, given back to a server plateau spawns);
 //! - `mappings.rs`: a process's mappings grouped by what backs them, and their growth over a run;
 //! - `system.rs`: the system under test as the driver samples it (one engine, a P/D pair).
 
@@ -19,6 +21,7 @@ crate::install_harness_allocator!();
 pub mod arena;
 pub mod base_blocks;
 pub mod extents;
+pub mod layout;
 pub mod mappings;
 pub mod probes;
 pub mod system;
