@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use plateau_engine::block_pool::BlockId;
-use plateau_engine::model::backend::{Backend, ForwardBatch, SeqChunk};
+use plateau_engine::model::backend::{Backend, ForwardBatch, PoolRelease, SeqChunk};
 use plateau_engine::model::cuda::{Category, CudaBackend, DType};
 use plateau_engine::{
     CpuBackend, Engine, EngineConfig, EngineError, Injection, Injections, ModelConfig, ModelWeights, Request,
@@ -101,8 +101,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn parity(dtype: DType, dump: Option<std::path::PathBuf>) -> Result<serde_json::Value, String> {
     let weights = ModelWeights::seeded(ModelConfig::preset("tiny").map_err(|e| e.to_string())?, 0);
-    let mut cpu = CpuBackend::new(weights.clone(), Injections::none()).map_err(|e| e.to_string())?;
-    let mut gpu = CudaBackend::new(weights, dtype, Injections::none()).map_err(|e| e.to_string())?;
+    let mut cpu = CpuBackend::new(weights.clone(), PoolRelease::Drop).map_err(|e| e.to_string())?;
+    let mut gpu = CudaBackend::new(weights, dtype, PoolRelease::Drop).map_err(|e| e.to_string())?;
     let (bs, blocks) = (16usize, 64usize);
     cpu.allocate_kv(blocks, bs).map_err(|e| e.to_string())?;
     gpu.allocate_kv(blocks, bs).map_err(|e| e.to_string())?;
@@ -210,7 +210,7 @@ fn drain(e: &mut Engine) -> Result<usize, EngineError> {
         }
         n += e.step()?.len();
     }
-    Err(EngineError::Backend("did not drain".into()))
+    Err(EngineError::backend("did not drain"))
 }
 
 fn memory(inject: Option<String>) -> Result<serde_json::Value, String> {

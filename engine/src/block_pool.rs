@@ -15,7 +15,7 @@
 
 use crate::registry::{MetricKind, Registries, TrackedMap};
 
-pub type BlockId = u32;
+pub use plateau_model::BlockId;
 /// A chained content hash of one full block (parent hash, tokens, extra keys).
 pub type BlockHash = u64;
 

@@ -45,7 +45,7 @@ pub struct Engine {
 impl Engine {
     /// An engine on the CPU backend (other backends: `model::factory::engine_on`).
     pub fn new(config: EngineConfig) -> Result<Engine> {
-        let backend = crate::model::cpu::CpuBackend::new(config.model.load()?, config.injections.clone())?;
+        let backend = crate::model::cpu::CpuBackend::new(config.model.load()?, config.injections.pool_release())?;
         Engine::with_backend(config, Box::new(backend))
     }
 

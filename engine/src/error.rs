@@ -2,6 +2,8 @@
 
 use thiserror::Error;
 
+use plateau_model::ModelError;
+
 use crate::request::RequestId;
 
 #[derive(Debug, Error, PartialEq)]
@@ -18,12 +20,23 @@ pub enum EngineError {
     BadSleepLevel(u8),
     #[error("the engine is not asleep")]
     NotAsleep,
-    #[error("weights: {0}")]
-    Weights(String),
     #[error("engine configuration: {0}")]
     Config(String),
-    #[error("backend: {0}")]
-    Backend(String),
+    /// The model's or its backend's error, as it was.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+impl EngineError {
+    /// A backend's failure (the device, or a node standing in for one).
+    pub fn backend(message: impl Into<String>) -> EngineError {
+        EngineError::Model(ModelError::Backend(message.into()))
+    }
+
+    /// Weights that do not fit the engine's model.
+    pub fn weights(message: impl Into<String>) -> EngineError {
+        EngineError::Model(ModelError::Weights(message.into()))
+    }
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -12,8 +12,8 @@
 //!   encoder cache references;
 //! - `untracked-heap`: `OutputProcessor::finalize` appends every output's tokens to a history no
 //!   registry counts (heap only);
-//! - `sleep-keeps-kv`: `Injections::release_pool` (below), through which every backend releases
-//!   its KV pool at sleep, keeps the old pool beside the one wake allocates;
+//! - `sleep-keeps-kv`: `Injections::pool_release` (below) tells every backend to keep its KV pool
+//!   at sleep beside the one wake allocates (plateau_model::PoolRelease);
 //! - `pd-prefill-hold`: `KvConnector::release` and `advance_time` (pd/connector.rs) never free a
 //!   held transfer the decode side aborted, and never time it out;
 //! - `pd-handles`: `KvConnector::release` frees the blocks but never the transfer handle;
@@ -29,6 +29,8 @@
 
 use std::fmt;
 use std::str::FromStr;
+
+use plateau_model::PoolRelease;
 
 use crate::plant::Plant;
 
@@ -160,14 +162,15 @@ impl Injections {
         &self.1
     }
 
-    /// Releases a backend's KV pool (sleep): it is dropped, or, with `sleep-keeps-kv`, kept in
-    /// `kept`, where it stays beside the pool that wake allocates. Every backend releases through
-    /// this, so the injection has one structure on the CPU, the GPU and in the simulator.
-    pub fn release_pool<P>(&self, pool: &mut Option<P>, kept: &mut Vec<P>) {
-        if let Some(p) = pool.take() {
-            if self.on(Injection::SleepKeepsKv) {
-                kept.push(p);
-            }
+    /// What a backend does with its KV pool at sleep: dropped, or, with `sleep-keeps-kv`, kept
+    /// beside the pool that wake allocates (plateau_model::PoolRelease, through which every
+    /// backend releases, so the injection has one structure on the CPU, the GPU and in the
+    /// simulator).
+    pub fn pool_release(&self) -> PoolRelease {
+        if self.on(Injection::SleepKeepsKv) {
+            PoolRelease::KeepBeside
+        } else {
+            PoolRelease::Drop
         }
     }
 }

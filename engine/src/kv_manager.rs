@@ -32,12 +32,7 @@ struct Table {
     hashes: Vec<BlockHash>,
 }
 
-/// A block copy the backend must perform before the next forward pass (copy-on-write).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockCopy {
-    pub src: BlockId,
-    pub dst: BlockId,
-}
+pub use plateau_model::BlockCopy;
 
 #[derive(Debug, PartialEq, Eq)]
 pub struct NoFreeBlocks {

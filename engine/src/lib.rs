@@ -25,9 +25,10 @@ pub mod registry;
 pub mod request;
 pub mod sampler;
 pub mod scheduler;
-pub mod stable_hash;
 mod store;
 pub mod tokenizer;
+
+pub use plateau_model::stable_hash;
 
 pub use config::EngineConfig;
 pub use engine::Engine;

@@ -29,12 +29,12 @@ impl ModelRunner {
     }
 
     pub fn allocate_kv(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
-        self.backend.allocate_kv(num_blocks, block_size)
+        Ok(self.backend.allocate_kv(num_blocks, block_size)?)
     }
 
     /// Runs one encode job: the image's embeddings, or the encoder's error.
     pub fn encode(&mut self, job: &EncodeJob) -> Result<Vec<f32>> {
-        self.backend.encode_image(&job.pixels)
+        Ok(self.backend.encode_image(&job.pixels)?)
     }
 
     /// The forward batch of a step: each chunk's tokens and block table, and the embeddings of
@@ -77,7 +77,7 @@ impl ModelRunner {
 
     /// Computes a batch: one logits row per chunk that wants it, in order.
     pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
-        self.backend.forward(batch)
+        Ok(self.backend.forward(batch)?)
     }
 
     /// Releases the KV pool, and at level 2 the weights too.
@@ -89,14 +89,14 @@ impl ModelRunner {
     }
 
     pub fn load_weights(&mut self, source: &WeightSource) -> Result<()> {
-        self.backend.load_weights_from(source)
+        Ok(self.backend.load_weights_from(source)?)
     }
 
     pub fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>> {
-        self.backend.read_kv(blocks)
+        Ok(self.backend.read_kv(blocks)?)
     }
 
     pub fn write_kv(&mut self, blocks: &[BlockId], data: &[f32]) -> Result<()> {
-        self.backend.write_kv(blocks, data)
+        Ok(self.backend.write_kv(blocks, data)?)
     }
 }

@@ -5,9 +5,9 @@
 //! Only with the engine's `cuda` feature (on by default).
 #![cfg(feature = "cuda")]
 
-use plateau_engine::model::backend::{Backend, ForwardBatch, SeqChunk};
+use plateau_engine::model::backend::{Backend, ForwardBatch, PoolRelease, SeqChunk};
 use plateau_engine::model::cuda::{probe, CudaBackend, DType};
-use plateau_engine::{CpuBackend, EngineConfig, Injections, ModelConfig, ModelWeights, Request, SamplingParams};
+use plateau_engine::{CpuBackend, EngineConfig, ModelConfig, ModelWeights, Request, SamplingParams};
 
 /// Asked for with --ignored: a missing device is a failure with its reason.
 fn device() {
@@ -22,8 +22,8 @@ fn device() {
 fn cuda_logits_match_the_cpu_backend() {
     device();
     let w = ModelWeights::seeded(ModelConfig::preset("tiny").unwrap(), 3);
-    let mut cpu = CpuBackend::new(w.clone(), Injections::none()).unwrap();
-    let mut gpu = CudaBackend::new(w, DType::F32, Injections::none()).unwrap();
+    let mut cpu = CpuBackend::new(w.clone(), PoolRelease::Drop).unwrap();
+    let mut gpu = CudaBackend::new(w, DType::F32, PoolRelease::Drop).unwrap();
     cpu.allocate_kv(16, 16).unwrap();
     gpu.allocate_kv(16, 16).unwrap();
     let batch = ForwardBatch {

@@ -8,16 +8,18 @@
 //! it was written changes the tokens, exactly as it would with a real model. Transferred KV is a
 //! slot hash split into three exact 24-bit integers per slot; `write_kv` refuses anything else.
 //!
-//! It releases its KV pool through `Injections::release_pool`, like every backend, so
+//! It releases its KV pool through `PoolRelease::release`, like every backend, so
 //! `sleep-keeps-kv` keeps the pool here as it does on the CPU and the GPU.
 
 use plateau_engine::block_pool::BlockId;
+use plateau_engine::model::backend::PoolRelease;
 use plateau_engine::model::backend::{Backend, BackendMemory, ForwardBatch};
+use plateau_engine::model::error::ModelError;
 use plateau_engine::model::vision;
 use plateau_engine::multimodal::image::PixelTensor;
-use plateau_engine::{EngineError, Injections, ModelConfig, ModelWeights, WeightSource};
+use plateau_engine::{ModelConfig, ModelWeights, WeightSource};
 
-type Result<T> = std::result::Result<T, EngineError>;
+type Result<T> = std::result::Result<T, ModelError>;
 
 /// Floats per slot in transferred KV: 64 bits as three integers below 2^24.
 const FLOATS_PER_SLOT: usize = 3;
@@ -54,16 +56,16 @@ pub struct HashBackend {
     weight_bytes: Option<u64>,
     kv: Option<HashPool>,
     kept_kv: Vec<HashPool>,
-    injections: Injections,
+    pool_release: PoolRelease,
     /// Each token id times `MIX_B`, for the logits of every step.
     vocab_scaled: Vec<u64>,
 }
 
 impl HashBackend {
-    pub fn new(config: ModelConfig, injections: Injections) -> Self {
+    pub fn new(config: ModelConfig, pool_release: PoolRelease) -> Self {
         let weight_bytes = Some(weight_bytes(&config));
         let vocab_scaled = (0..config.vocab_size as u64).map(|v| v.wrapping_mul(MIX_B)).collect();
-        HashBackend { config, weight_bytes, kv: None, kept_kv: Vec::new(), injections, vocab_scaled }
+        HashBackend { config, weight_bytes, kv: None, kept_kv: Vec::new(), pool_release, vocab_scaled }
     }
 }
 
@@ -76,7 +78,7 @@ fn weight_bytes(c: &ModelConfig) -> u64 {
 
 fn slot(table: &[BlockId], pos: usize, block_size: usize) -> Result<usize> {
     let b = table.get(pos / block_size).ok_or_else(|| {
-        EngineError::Backend(format!("position {pos} is past the block table ({} blocks)", table.len()))
+        ModelError::Backend(format!("position {pos} is past the block table ({} blocks)", table.len()))
     })?;
     Ok(*b as usize * block_size + pos % block_size)
 }
@@ -96,19 +98,19 @@ impl Backend for HashBackend {
 
     fn allocate_kv(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
         if self.kv.is_some() {
-            return Err(EngineError::Backend("KV pool already allocated".into()));
+            return Err(ModelError::Backend("KV pool already allocated".into()));
         }
         self.kv = Some(HashPool { block_size, slots: vec![EMPTY_SLOT; num_blocks * block_size] });
         Ok(())
     }
 
     fn release_kv(&mut self) {
-        self.injections.release_pool(&mut self.kv, &mut self.kept_kv);
+        self.pool_release.release(&mut self.kv, &mut self.kept_kv);
     }
 
     fn load_weights(&mut self, weights: ModelWeights) -> Result<()> {
         if weights.config != self.config {
-            return Err(EngineError::Weights("new weights have another shape".into()));
+            return Err(ModelError::Weights("new weights have another shape".into()));
         }
         self.weight_bytes = Some(weight_bytes(&self.config));
         Ok(())
@@ -119,7 +121,7 @@ impl Backend for HashBackend {
     /// of a sweep's time).
     fn load_weights_from(&mut self, source: &WeightSource) -> Result<()> {
         if source.config()? != self.config {
-            return Err(EngineError::Weights("new weights have another shape".into()));
+            return Err(ModelError::Weights("new weights have another shape".into()));
         }
         self.weight_bytes = Some(weight_bytes(&self.config));
         Ok(())
@@ -131,9 +133,9 @@ impl Backend for HashBackend {
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
         if self.weight_bytes.is_none() {
-            return Err(EngineError::Backend("weights are released".into()));
+            return Err(ModelError::Backend("weights are released".into()));
         }
-        let kv = self.kv.as_mut().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let kv = self.kv.as_mut().ok_or_else(|| ModelError::Backend("KV pool is released".into()))?;
         let bs = kv.block_size;
         for c in &batch.copies {
             let (s, d) = (c.src as usize * bs, c.dst as usize * bs);
@@ -161,12 +163,12 @@ impl Backend for HashBackend {
     }
 
     fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>> {
-        let kv = self.kv.as_ref().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let kv = self.kv.as_ref().ok_or_else(|| ModelError::Backend("KV pool is released".into()))?;
         let mut out = Vec::with_capacity(blocks.len() * kv.block_size * FLOATS_PER_SLOT);
         for &b in blocks {
             let start = b as usize * kv.block_size;
             let slots = kv.slots.get(start..start + kv.block_size).ok_or_else(|| {
-                EngineError::Backend(format!("block {b} is outside the pool of {} slots", kv.slots.len()))
+                ModelError::Backend(format!("block {b} is outside the pool of {} slots", kv.slots.len()))
             })?;
             for &h in slots {
                 out.extend([h & 0xFF_FFFF, (h >> 24) & 0xFF_FFFF, h >> 48].map(|x| x as f32));
@@ -176,10 +178,10 @@ impl Backend for HashBackend {
     }
 
     fn write_kv(&mut self, blocks: &[BlockId], data: &[f32]) -> Result<()> {
-        let kv = self.kv.as_mut().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let kv = self.kv.as_mut().ok_or_else(|| ModelError::Backend("KV pool is released".into()))?;
         let per_block = kv.block_size * FLOATS_PER_SLOT;
         if data.len() != blocks.len() * per_block {
-            return Err(EngineError::Backend(format!(
+            return Err(ModelError::Backend(format!(
                 "KV data of {} floats for {} blocks of {per_block}",
                 data.len(),
                 blocks.len()
@@ -188,12 +190,12 @@ impl Backend for HashBackend {
         for (&b, chunk) in blocks.iter().zip(data.chunks_exact(per_block)) {
             let start = b as usize * kv.block_size;
             if start + kv.block_size > kv.slots.len() {
-                return Err(EngineError::Backend(format!("block {b} is outside the pool")));
+                return Err(ModelError::Backend(format!("block {b} is outside the pool")));
             }
             for (i, f) in chunk.chunks_exact(FLOATS_PER_SLOT).enumerate() {
                 let part = |x: f32| -> Result<u64> {
                     if x.fract() != 0.0 || !(0.0..16_777_216.0).contains(&x) {
-                        return Err(EngineError::Backend(format!("KV data is not this backend's: {x}")));
+                        return Err(ModelError::Backend(format!("KV data is not this backend's: {x}")));
                     }
                     Ok(x as u64)
                 };
@@ -204,11 +206,8 @@ impl Backend for HashBackend {
     }
 
     fn encode_image(&mut self, pixels: &PixelTensor) -> Result<Vec<f32>> {
-        let v = self
-            .config
-            .vision
-            .as_ref()
-            .ok_or_else(|| EngineError::Backend("the model has no vision encoder".into()))?;
+        let v =
+            self.config.vision.as_ref().ok_or_else(|| ModelError::Backend("the model has no vision encoder".into()))?;
         let n = vision::num_tokens(v, pixels.width, pixels.height);
         let hidden = self.config.hidden_size;
         Ok((0..n * hidden).map(|i| ((mix(pixels.hash, i as u64) >> 40) as f32) / 16_777_216.0).collect())
@@ -228,10 +227,10 @@ impl Backend for HashBackend {
 mod tests {
     use super::*;
     use plateau_engine::model::backend::SeqChunk;
-    use plateau_engine::Injection;
+    use plateau_engine::{Injection, Injections};
 
     fn backend() -> HashBackend {
-        let mut b = HashBackend::new(ModelConfig::preset("tiny").unwrap(), Injections::none());
+        let mut b = HashBackend::new(ModelConfig::preset("tiny").unwrap(), PoolRelease::Drop);
         b.allocate_kv(8, 4).unwrap();
         b
     }
@@ -269,8 +268,10 @@ mod tests {
 
     #[test]
     fn sleep_keeps_kv_keeps_the_pool() {
-        let mut b =
-            HashBackend::new(ModelConfig::preset("tiny").unwrap(), Injections::none().with(Injection::SleepKeepsKv));
+        let mut b = HashBackend::new(
+            ModelConfig::preset("tiny").unwrap(),
+            Injections::none().with(Injection::SleepKeepsKv).pool_release(),
+        );
         b.allocate_kv(8, 4).unwrap();
         b.release_kv();
         b.allocate_kv(8, 4).unwrap();

@@ -85,7 +85,7 @@ impl Engine {
     /// otherwise at once. The prefix cache is dropped: its KV came from the old weights.
     pub fn update_weights(&mut self, source: WeightSource) -> Result<()> {
         if source.config()? != self.model {
-            return Err(EngineError::Weights("new weights have another model shape".into()));
+            return Err(EngineError::weights("new weights have another model shape"));
         }
         if self.asleep != Some(2) {
             self.refuse_if_busy()?;

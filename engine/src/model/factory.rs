@@ -28,7 +28,7 @@ pub fn engine_on(name: &str, config: crate::EngineConfig, dtype: DType) -> Resul
         #[cfg(feature = "cuda")]
         "cuda" => {
             let weights = config.model.load()?;
-            let b = CudaBackend::new(weights, dtype, config.injections.clone())?;
+            let b = CudaBackend::new(weights, dtype, config.injections.pool_release())?;
             crate::Engine::with_backend(config, Box::new(b))
         }
         _ if dtype != DType::F32 => {

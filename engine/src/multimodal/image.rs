@@ -34,21 +34,7 @@ impl Default for ImageLimits {
     }
 }
 
-/// A processed image: normalised RGB (HWC, values in [-1, 1]) on the encoder's grid.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PixelTensor {
-    pub width: u32,
-    pub height: u32,
-    pub values: Vec<f32>,
-    /// Content hash of the processed pixels: the encoder cache key and the prefix-cache extra key.
-    pub hash: u64,
-}
-
-impl PixelTensor {
-    pub fn bytes(&self) -> usize {
-        self.values.len() * 4
-    }
-}
+pub use plateau_model::vision::PixelTensor;
 
 /// Target size: scale by sqrt(limit / pixels) into the range, then round each side to a multiple
 /// of `factor` (at least one factor).

@@ -1,4 +1,4 @@
-// Host emulation of engine/src/model/cuda/kernels.cu: every block in order, its threads as OS
+// Host emulation of engine/model/src/cuda/kernels.cu: every block in order, its threads as OS
 // threads meeting at a barrier for __syncthreads, launched the way backend.rs launches them (with a
 // plain loop for cuBLAS's products), against a reference forward pass in double precision; plus
 // the block gather / scatter / copy kernels. Run by engine/tests/kernels_emulated.rs with g++.
@@ -28,7 +28,7 @@ inline void __syncthreads() { if (blockDim.x > 1) bar->arrive_and_wait(); }
 inline void sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
 static float plateau_emulated_smem[1 << 16];
 #define PLATEAU_EMULATED
-#include "../../src/model/cuda/kernels.cu"
+#include "../../model/src/cuda/kernels.cu"
 
 static unsigned THREADS = 1;
 template <class F> void launch(unsigned gx, unsigned gy, F f) {

@@ -9,11 +9,11 @@ pub(super) fn build_engine(ns: &NodeSpec, node: usize, role: Role) -> Result<Eng
     let engine = match ns.spec.model {
         ModelKind::Hash => {
             let model = plateau_engine::ModelConfig::preset(&s.engine.preset).map_err(|e| e.to_string())?;
-            Engine::with_backend(config, Box::new(HashBackend::new(model, ns.spec.injections.clone())))
+            Engine::with_backend(config, Box::new(HashBackend::new(model, ns.spec.injections.pool_release())))
         }
         ModelKind::Cpu => {
             let weights = config.model.load().map_err(|e| e.to_string())?;
-            let backend = CpuBackend::new(weights, ns.spec.injections.clone()).map_err(|e| e.to_string())?;
+            let backend = CpuBackend::new(weights, ns.spec.injections.pool_release()).map_err(|e| e.to_string())?;
             Engine::with_backend(config, Box::new(backend))
         }
     };

@@ -82,7 +82,7 @@ impl System for PdPair {
         for order in self.decode.take_pull_orders() {
             self.transport.start(order, &self.prefill, &mut self.decode);
         }
-        self.transport.progress(&mut self.decode).map_err(EngineError::Backend)?;
+        self.transport.progress(&mut self.decode).map_err(EngineError::backend)?;
         let outputs = self.decode.step()?;
         for n in self.decode.take_notices() {
             match n {

@@ -30,9 +30,9 @@ struct Client {
 
 impl Client {
     fn call(&mut self, c: &Call) -> Result<Reply, EngineError> {
-        write_frame(&mut self.w, c, &[]).map_err(|e| EngineError::Backend(format!("{} node: {e}", self.role)))?;
+        write_frame(&mut self.w, c, &[]).map_err(|e| EngineError::backend(format!("{} node: {e}", self.role)))?;
         let (reply, _): (Reply, Vec<u8>) =
-            read_frame(&mut self.r).map_err(|e| EngineError::Backend(format!("{} node: {e}", self.role)))?;
+            read_frame(&mut self.r).map_err(|e| EngineError::backend(format!("{} node: {e}", self.role)))?;
         Ok(reply)
     }
 }
@@ -158,8 +158,8 @@ impl RemotePair {
     fn expect_done(r: Reply) -> Result<(), EngineError> {
         match r {
             Reply::Done => Ok(()),
-            Reply::Failed(m) => Err(EngineError::Backend(m)),
-            other => Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
+            Reply::Failed(m) => Err(EngineError::backend(m)),
+            other => Err(EngineError::backend(format!("unexpected reply {other:?}"))),
         }
     }
 }
@@ -183,15 +183,15 @@ impl System for RemotePair {
                 Ok(())
             }
             Reply::Failed(reason) => Err(EngineError::InvalidRequest { id: r.id, reason }),
-            other => Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
+            other => Err(EngineError::backend(format!("unexpected reply {other:?}"))),
         }
     }
 
     fn step(&mut self, now_ms: u64) -> Result<Vec<plateau_engine::RequestOutput>, EngineError> {
         let (outputs, p_unfinished) = match self.prefill.get_mut().call(&Call::Step { now_ms })? {
             Reply::Stepped { outputs, unfinished, .. } => (outputs, unfinished),
-            Reply::Failed(m) => return Err(EngineError::Backend(format!("prefill node: {m}"))),
-            other => return Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
+            Reply::Failed(m) => return Err(EngineError::backend(format!("prefill node: {m}"))),
+            other => return Err(EngineError::backend(format!("unexpected reply {other:?}"))),
         };
         let mut ended_on_prefill = Vec::new();
         for o in outputs {
@@ -214,8 +214,8 @@ impl System for RemotePair {
         }
         let (finished, notices, d_unfinished) = match self.decode.get_mut().call(&Call::Step { now_ms })? {
             Reply::Stepped { outputs, notices, unfinished } => (outputs, notices, unfinished),
-            Reply::Failed(m) => return Err(EngineError::Backend(format!("decode node: {m}"))),
-            other => return Err(EngineError::Backend(format!("unexpected reply {other:?}"))),
+            Reply::Failed(m) => return Err(EngineError::backend(format!("decode node: {m}"))),
+            other => return Err(EngineError::backend(format!("unexpected reply {other:?}"))),
         };
         for n in notices {
             let (id, aborted) = match n {

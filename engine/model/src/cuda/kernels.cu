@@ -1,7 +1,7 @@
 // plateau's CUDA kernels, compiled with NVRTC when the CUDA backend starts. Every kernel exists
 // for f32 and bf16 storage (suffix _f32 / _bf16); arithmetic is always in f32. bf16 is handled as
 // raw 16-bit words (no CUDA headers needed): widen by shifting, narrow with round-to-nearest-even.
-// Layouts follow the CPU backend exactly (engine/src/model/cpu.rs): rows of `hidden` values,
+// Layouts follow the CPU backend exactly (engine/model/src/cpu.rs): rows of `hidden` values,
 // heads contiguous within a row, KV cache per layer as [slot][kv_dim], slot = block * bs + offset.
 
 typedef unsigned short bf16;

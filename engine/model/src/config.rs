@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{EngineError, Result};
-use crate::tokenizer::MIN_VOCAB;
+use crate::error::{ModelError, Result};
+use crate::vocab::MIN_VOCAB;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
@@ -81,7 +81,7 @@ impl ModelConfig {
             "tinyllama-1.1b" => Ok(c(32000, 2048, 22, 32, 4, 64, 5632, 2048)),
             _ => {
                 let known: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
-                Err(EngineError::Config(format!("unknown model preset `{name}`; known: {}", known.join(", "))))
+                Err(ModelError::Config(format!("unknown model preset `{name}`; known: {}", known.join(", "))))
             }
         }
     }
@@ -100,7 +100,7 @@ impl ModelConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(EngineError::Config(m));
+        let bad = |m: String| Err(ModelError::Config(m));
         if self.vocab_size < MIN_VOCAB {
             return bad(format!("vocab_size {} is below the byte tokenizer's {MIN_VOCAB}", self.vocab_size));
         }
@@ -136,17 +136,17 @@ impl ModelConfig {
     /// Reads a Hugging Face Llama `config.json`.
     pub fn from_hf_json(text: &str) -> Result<ModelConfig> {
         let v: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| EngineError::Weights(format!("config.json: {e}")))?;
+            serde_json::from_str(text).map_err(|e| ModelError::Weights(format!("config.json: {e}")))?;
         let get = |k: &str| -> Result<usize> {
             v.get(k)
                 .and_then(|x| x.as_u64())
                 .map(|x| x as usize)
-                .ok_or_else(|| EngineError::Weights(format!("config.json: missing or non-integer field `{k}`")))
+                .ok_or_else(|| ModelError::Weights(format!("config.json: missing or non-integer field `{k}`")))
         };
         unsupported(&v)?;
         let heads = get("num_attention_heads")?;
         if heads == 0 {
-            return Err(EngineError::Weights("config.json: num_attention_heads must be at least 1".into()));
+            return Err(ModelError::Weights("config.json: num_attention_heads must be at least 1".into()));
         }
         let hidden = get("hidden_size")?;
         let cfg = ModelConfig {
@@ -164,7 +164,7 @@ impl ModelConfig {
                 None => None,
                 Some(vc) => Some(
                     serde_json::from_value(vc.clone())
-                        .map_err(|e| EngineError::Weights(format!("config.json: vision_config: {e}")))?,
+                        .map_err(|e| ModelError::Weights(format!("config.json: vision_config: {e}")))?,
                 ),
             },
         };
@@ -191,8 +191,8 @@ impl ModelConfig {
             "tie_word_embeddings": false,
             "attention_bias": false,
             "mlp_bias": false,
-            "bos_token_id": crate::tokenizer::BOS,
-            "eos_token_id": crate::tokenizer::EOS,
+            "bos_token_id": crate::vocab::BOS,
+            "eos_token_id": crate::vocab::EOS,
             "torch_dtype": "float32",
         });
         let mut v = v;
@@ -207,7 +207,7 @@ impl ModelConfig {
 /// loading it anyway would give wrong logits, not an error.
 fn unsupported(v: &serde_json::Value) -> Result<()> {
     let refuse =
-        |what: String| Err(EngineError::Weights(format!("config.json: {what} is not implemented by this model")));
+        |what: String| Err(ModelError::Weights(format!("config.json: {what} is not implemented by this model")));
     if let Some(rs) = v.get("rope_scaling").filter(|x| !x.is_null()) {
         return refuse(format!("rope_scaling {rs} (scaled RoPE; plain RoPE only)"));
     }

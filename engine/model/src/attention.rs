@@ -9,7 +9,7 @@
 //! where the CPU has it: eight lanes instead of four) gives the same bits, on every machine, as
 //! the plain build; the tests check that bit for bit.
 
-use crate::model::layers::dot;
+use crate::layers::dot;
 
 /// The cached context one KV head's query heads attend over: the rows of positions in order
 /// (`slots`, offsets into `k` and `v`), the KV head's column (`off`), the head dimension and the

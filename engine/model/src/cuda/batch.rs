@@ -2,9 +2,9 @@
 //! each sequence's block table padded to the longest, the rows whose logits come back, and the
 //! image embedding rows that replace placeholder tokens.
 
-use crate::error::{EngineError, Result};
-use crate::model::backend::ForwardBatch;
-use crate::model::config::ModelConfig;
+use crate::backend::ForwardBatch;
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
 
 /// Per-forward metadata: the flattened batch as the kernels take it.
 #[derive(Debug)]
@@ -44,14 +44,11 @@ pub(super) fn flatten(batch: &ForwardBatch, c: &ModelConfig, bs: usize) -> Resul
             .for_each(|(d, &b)| *d = b as i32);
         for (j, &tok) in ch.tokens.iter().enumerate() {
             if tok as usize >= c.vocab_size {
-                return Err(EngineError::Backend(format!("token id {tok} outside the vocabulary")));
+                return Err(ModelError::Backend(format!("token id {tok} outside the vocabulary")));
             }
             let pos = ch.start_pos + j;
             let block = *ch.block_table.get(pos / bs).ok_or_else(|| {
-                EngineError::Backend(format!(
-                    "position {pos} is past the block table ({} blocks)",
-                    ch.block_table.len()
-                ))
+                ModelError::Backend(format!("position {pos} is past the block table ({} blocks)", ch.block_table.len()))
             })?;
             for (img_start, e) in &ch.embeds {
                 let rows = e.len() / h;
@@ -77,8 +74,8 @@ pub(super) fn flatten(batch: &ForwardBatch, c: &ModelConfig, bs: usize) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block_pool::BlockId;
-    use crate::model::backend::SeqChunk;
+    use crate::backend::BlockId;
+    use crate::backend::SeqChunk;
     use std::sync::Arc;
 
     fn chunk(tokens: Vec<u32>, start_pos: usize, table: Vec<BlockId>, want_logits: bool) -> SeqChunk {

@@ -1,11 +1,42 @@
 //! The backend trait: what the engine core asks of a device. The core decides what to compute;
 //! a backend only computes it, and owns the memory it computes in (weights, KV pool).
 
-use crate::block_pool::BlockId;
+use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::kv_manager::BlockCopy;
-use crate::model::config::ModelConfig;
-use crate::model::weights::{ModelWeights, WeightSource};
+use crate::weights::{ModelWeights, WeightSource};
+
+/// A block of the KV pool, by index: the engine's block pool hands them out, a backend stores a
+/// block's K and V at that index.
+pub type BlockId = u32;
+
+/// A block copy the backend must perform before the next forward pass (copy-on-write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCopy {
+    pub src: BlockId,
+    pub dst: BlockId,
+}
+
+/// What a backend does with its KV pool when the engine sleeps: drops it, or (the engine's
+/// `sleep-keeps-kv` injection) keeps it beside the pool that wake allocates. Every backend releases
+/// through [`PoolRelease::release`], so the injection has one structure on the CPU, the GPU and in
+/// the simulator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PoolRelease {
+    #[default]
+    Drop,
+    KeepBeside,
+}
+
+impl PoolRelease {
+    /// Releases `pool`: dropped, or kept in `kept`.
+    pub fn release<P>(self, pool: &mut Option<P>, kept: &mut Vec<P>) {
+        if let Some(p) = pool.take() {
+            if self == PoolRelease::KeepBeside {
+                kept.push(p);
+            }
+        }
+    }
+}
 
 /// One sequence's share of a forward pass: `tokens` at positions `start_pos..`, written into the
 /// KV slots that `block_table` maps those positions to.
@@ -59,10 +90,10 @@ pub trait Backend: Send {
     /// Writes what `read_kv` returned (from another engine of the same shape) into `blocks`.
     fn write_kv(&mut self, blocks: &[BlockId], data: &[f32]) -> Result<()>;
     /// Runs the vision encoder on one image: `num_tokens` rows of the hidden size.
-    fn encode_image(&mut self, pixels: &crate::multimodal::image::PixelTensor) -> Result<Vec<f32>>;
+    fn encode_image(&mut self, pixels: &crate::vision::PixelTensor) -> Result<Vec<f32>>;
     fn memory(&self) -> BackendMemory;
     /// Device figures beyond `memory` (a GPU backend's allocator by category, the driver's view).
-    fn device_metrics(&self) -> Vec<crate::registry::Metric> {
+    fn device_metrics(&self) -> Vec<crate::metric::Metric> {
         Vec::new()
     }
 }

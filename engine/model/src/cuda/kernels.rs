@@ -9,7 +9,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
 use super::device::driver_err;
 use super::DType;
-use crate::error::{EngineError, Result};
+use crate::error::{ModelError, Result};
 
 pub const SOURCE: &str = include_str!("kernels.cu");
 
@@ -52,11 +52,11 @@ impl Kernels {
             ..Default::default()
         };
         let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| match e {
-            CompileError::CompileError { log, .. } => EngineError::Backend(format!(
-                "NVRTC could not compile engine/src/model/cuda/kernels.cu:\n{}",
+            CompileError::CompileError { log, .. } => ModelError::Backend(format!(
+                "NVRTC could not compile engine/model/src/cuda/kernels.cu:\n{}",
                 log.to_string_lossy()
             )),
-            other => EngineError::Backend(format!("NVRTC failed on kernels.cu: {other:?}")),
+            other => ModelError::Backend(format!("NVRTC failed on kernels.cu: {other:?}")),
         })?;
         let module = ctx.load_module(ptx).map_err(driver_err)?;
         let mut funcs = BTreeMap::new();
@@ -65,7 +65,7 @@ impl Kernels {
                 let full = format!("{name}_{}", dtype.suffix());
                 let f = module
                     .load_function(&full)
-                    .map_err(|e| EngineError::Backend(format!("kernel {full} is not in the compiled module: {e}")))?;
+                    .map_err(|e| ModelError::Backend(format!("kernel {full} is not in the compiled module: {e}")))?;
                 funcs.insert((name, dtype), f);
             }
         }
@@ -75,7 +75,7 @@ impl Kernels {
     /// Launches `name` for `dtype` on the backend's stream.
     pub fn launch(&self, name: &'static str, dtype: DType, cfg: LaunchConfig, args: &[Arg]) -> Result<()> {
         let full = || format!("{name}_{}", dtype.suffix());
-        let f = self.funcs.get(&(name, dtype)).ok_or_else(|| EngineError::Backend(format!("no kernel {}", full())))?;
+        let f = self.funcs.get(&(name, dtype)).ok_or_else(|| ModelError::Backend(format!("no kernel {}", full())))?;
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {
@@ -87,7 +87,7 @@ impl Kernels {
         }
         // SAFETY: every kernel's parameter list matches the argument kinds its callers pass (see
         // kernels.cu), and every address is a live buffer of the allocator of the right size.
-        unsafe { b.launch(cfg) }.map_err(|e| EngineError::Backend(format!("kernel {}: {e}", full())))?;
+        unsafe { b.launch(cfg) }.map_err(|e| ModelError::Backend(format!("kernel {}: {e}", full())))?;
         Ok(())
     }
 }

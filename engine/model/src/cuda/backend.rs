@@ -17,13 +17,13 @@ use cudarc::driver::{CudaContext, CudaStream};
 use super::device::{driver_err, Category, DeviceAllocator, DeviceBuf};
 use super::kernels::{cfg, elementwise, Arg, Kernels};
 use super::DType;
-use crate::block_pool::BlockId;
-use crate::error::{EngineError, Result};
-use crate::inject::Injections;
-use crate::model::backend::{Backend, BackendMemory, ForwardBatch};
-use crate::model::config::ModelConfig;
-use crate::model::weights::ModelWeights;
-use crate::registry::{Metric, MetricKind};
+use crate::backend::BlockId;
+use crate::backend::PoolRelease;
+use crate::backend::{Backend, BackendMemory, ForwardBatch};
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::metric::{Metric, MetricKind};
+use crate::weights::ModelWeights;
 
 pub(super) struct LayerBufs {
     pub(super) attn_norm: DeviceBuf,
@@ -71,7 +71,7 @@ pub struct CudaBackend {
     pub(super) kv: Option<DeviceKv>,
     /// KV pools kept past their release: only `sleep-keeps-kv` puts anything here.
     pub(super) kept_kv: Vec<DeviceKv>,
-    pub(super) injections: Injections,
+    pub(super) pool_release: PoolRelease,
 }
 
 // SAFETY: the backend is used by one thread at a time (the engine is `Send`, not shared); cudarc's
@@ -80,7 +80,7 @@ unsafe impl Send for CudaBackend {}
 
 /// Bytes the weights take on the device in `dtype` (what `new` checks before uploading).
 pub fn weight_bytes(c: &ModelConfig, dtype: DType) -> u64 {
-    crate::model::weights::tensor_specs(c)
+    crate::weights::tensor_specs(c)
         .iter()
         .filter(|(name, _)| !name.starts_with("visual."))
         .map(|(_, shape)| shape.iter().product::<usize>() as u64 * dtype.size() as u64)
@@ -90,15 +90,15 @@ pub fn weight_bytes(c: &ModelConfig, dtype: DType) -> u64 {
 impl CudaBackend {
     /// Opens device 0 and uploads `weights` in `dtype`. Fails (never panics) without a usable
     /// device, and says so before loading when the model does not fit.
-    pub fn new(weights: ModelWeights, dtype: DType, injections: Injections) -> Result<CudaBackend> {
+    pub fn new(weights: ModelWeights, dtype: DType, pool_release: PoolRelease) -> Result<CudaBackend> {
         weights.config.validate()?;
-        super::device::probe().map_err(|e| EngineError::Backend(format!("backend cuda: {e}")))?;
+        super::device::probe().map_err(|e| ModelError::Backend(format!("backend cuda: {e}")))?;
         let ctx = CudaContext::new(0).map_err(driver_err)?;
         // One stream, used in order: cudarc's per-buffer event tracking is not needed.
         // SAFETY: no buffer exists yet.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
-        let blas = CudaBlas::new(stream.clone()).map_err(|e| EngineError::Backend(format!("cuBLAS: {e}")))?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| ModelError::Backend(format!("cuBLAS: {e}")))?;
         let kernels = Kernels::compile(&ctx, stream.clone())?;
         let alloc = DeviceAllocator::new(ctx.clone(), stream.clone());
         let config = weights.config.clone();
@@ -112,7 +112,7 @@ impl CudaBackend {
             weights: None,
             kv: None,
             kept_kv: Vec::new(),
-            injections,
+            pool_release,
         };
         b.load_weights(weights)?;
         Ok(b)
@@ -168,7 +168,7 @@ impl CudaBackend {
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| EngineError::Backend(format!("cuBLAS gemm {t}x{inp} by {out}x{inp}: {e}")))
+        .map_err(|e| ModelError::Backend(format!("cuBLAS gemm {t}x{inp} by {out}x{inp}: {e}")))
     }
 
     /// x += y over `n` elements.
@@ -184,7 +184,7 @@ impl CudaBackend {
     }
 
     pub(super) fn kv_ref(&self) -> Result<&DeviceKv> {
-        self.kv.as_ref().ok_or_else(|| EngineError::Backend("KV pool is released".into()))
+        self.kv.as_ref().ok_or_else(|| ModelError::Backend("KV pool is released".into()))
     }
 
     /// Launches a block kernel (`gather_blocks`, `scatter_blocks`) over `blocks` of every cache
@@ -192,7 +192,7 @@ impl CudaBackend {
     pub(super) fn blocks_kernel(&self, name: &'static str, blocks: &[BlockId], staging: u64) -> Result<()> {
         let kv = self.kv_ref()?;
         if let Some(b) = blocks.iter().find(|&&b| b as usize >= kv.num_blocks) {
-            return Err(EngineError::Backend(format!("block {b} is out of range (pool has {})", kv.num_blocks)));
+            return Err(ModelError::Backend(format!("block {b} is out of range (pool has {})", kv.num_blocks)));
         }
         let ids: Vec<i32> = blocks.iter().map(|&b| b as i32).collect();
         let ids = self.alloc.upload(Category::Workspace, &ids, "block list")?;
@@ -220,14 +220,14 @@ impl Backend for CudaBackend {
 
     fn allocate_kv(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
         if self.kv.is_some() {
-            return Err(EngineError::Backend("KV pool already allocated".into()));
+            return Err(ModelError::Backend("KV pool already allocated".into()));
         }
         let layers = self.config.num_hidden_layers;
         let per_tensor = num_blocks * block_size * self.config.kv_dim() * self.dtype.size();
         let (free, _) = self.alloc.driver_memory()?;
         let want = (2 * layers * per_tensor) as u64;
         if want > free {
-            return Err(EngineError::Backend(format!(
+            return Err(ModelError::Backend(format!(
                 "the KV pool ({num_blocks} blocks of {block_size} tokens, {layers} layers) needs {want} bytes ({:.2} GiB) and the device has {free} bytes ({:.2} GiB) free",
                 want as f64 / (1u64 << 30) as f64,
                 free as f64 / (1u64 << 30) as f64
@@ -249,13 +249,13 @@ impl Backend for CudaBackend {
     }
 
     fn release_kv(&mut self) {
-        self.injections.release_pool(&mut self.kv, &mut self.kept_kv);
+        self.pool_release.release(&mut self.kv, &mut self.kept_kv);
         let _ = self.alloc.trim();
     }
 
     fn load_weights(&mut self, weights: ModelWeights) -> Result<()> {
         if weights.config != self.config {
-            return Err(EngineError::Weights(format!(
+            return Err(ModelError::Weights(format!(
                 "new weights have another shape: {:?}, engine has {:?}",
                 weights.config, self.config
             )));
@@ -264,7 +264,7 @@ impl Backend for CudaBackend {
         let old = self.weights.as_ref().map_or(0, |_| self.alloc.live_bytes(Category::Weights));
         let (free, _) = self.alloc.driver_memory()?;
         if need > free + old {
-            return Err(EngineError::Weights(format!(
+            return Err(ModelError::Weights(format!(
                 "the model does not fit: its weights take {need} bytes ({:.2} GiB) in {:?} and the device has {free} bytes ({:.2} GiB) free",
                 need as f64 / (1u64 << 30) as f64,
                 self.dtype,
@@ -327,17 +327,17 @@ impl Backend for CudaBackend {
         let kv = self.kv_ref()?;
         let n = blocks.len() * kv.block_size * self.config.kv_dim() * 2 * kv.k.len();
         if data.len() != n {
-            return Err(EngineError::Backend(format!("KV data has {} floats, {n} expected", data.len())));
+            return Err(ModelError::Backend(format!("KV data has {} floats, {n} expected", data.len())));
         }
         let staging = self.alloc.upload(Category::Staging, data, "KV transfer staging")?;
         self.blocks_kernel("scatter_blocks", blocks, staging.ptr())
     }
 
-    fn encode_image(&mut self, pixels: &crate::multimodal::image::PixelTensor) -> Result<Vec<f32>> {
-        let w = self.weights.as_ref().ok_or_else(|| EngineError::Backend("weights are released".into()))?;
+    fn encode_image(&mut self, pixels: &crate::vision::PixelTensor) -> Result<Vec<f32>> {
+        let w = self.weights.as_ref().ok_or_else(|| ModelError::Backend("weights are released".into()))?;
         let host =
-            w.host_vision.as_ref().ok_or_else(|| EngineError::Backend("the model has no vision encoder".into()))?;
-        Ok(crate::model::vision::encode(&self.config, host, pixels))
+            w.host_vision.as_ref().ok_or_else(|| ModelError::Backend("the model has no vision encoder".into()))?;
+        Ok(crate::vision::encode(&self.config, host, pixels))
     }
 
     fn memory(&self) -> BackendMemory {

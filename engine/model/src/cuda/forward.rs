@@ -7,13 +7,13 @@ use super::backend::{CudaBackend, DeviceKv, DeviceWeights};
 use super::batch::{flatten, Flat};
 use super::device::Category;
 use super::kernels::{cfg, elementwise, Arg};
-use crate::error::{EngineError, Result};
-use crate::model::backend::ForwardBatch;
+use crate::backend::ForwardBatch;
+use crate::error::{ModelError, Result};
 
 impl CudaBackend {
     pub(super) fn forward_batch(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
-        let w = self.weights.as_ref().ok_or_else(|| EngineError::Backend("weights are released".into()))?;
-        let kv = self.kv.as_ref().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let w = self.weights.as_ref().ok_or_else(|| ModelError::Backend("weights are released".into()))?;
+        let kv = self.kv.as_ref().ok_or_else(|| ModelError::Backend("KV pool is released".into()))?;
         let c = &self.config;
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
         let (qd, kvd, inter, bs) = (c.q_dim(), c.kv_dim(), c.intermediate_size, kv.block_size);
@@ -180,7 +180,7 @@ fn attention_shared_bytes(hd: usize, max_ctx: usize, threads: usize) -> Result<u
     let groups = (threads / hd).max(1);
     let bytes = 4 * (hd + 2 * max_ctx + groups * hd);
     if bytes > SHARED_BYTES_LIMIT {
-        return Err(EngineError::Backend(format!(
+        return Err(ModelError::Backend(format!(
             "attention over {max_ctx} positions needs {bytes} bytes of shared memory per block, more than the {SHARED_BYTES_LIMIT} a block gets"
         )));
     }

@@ -5,10 +5,25 @@
 //! Patches are laid out merge-group by merge-group (the four patches of a 2x2 group are
 //! consecutive), so merging is a reshape.
 
-use crate::model::config::{ModelConfig, VisionConfig};
-use crate::model::layers::{linear, rms_norm};
-use crate::model::weights::ModelWeights;
-use crate::multimodal::image::PixelTensor;
+use crate::config::{ModelConfig, VisionConfig};
+use crate::layers::{linear, rms_norm};
+use crate::weights::ModelWeights;
+
+/// A processed image: normalised RGB (HWC, values in [-1, 1]) on the encoder's grid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelTensor {
+    pub width: u32,
+    pub height: u32,
+    pub values: Vec<f32>,
+    /// Content hash of the processed pixels: the encoder cache key and the prefix-cache extra key.
+    pub hash: u64,
+}
+
+impl PixelTensor {
+    pub fn bytes(&self) -> usize {
+        self.values.len() * 4
+    }
+}
 
 /// Embedding rows the encoder produces for a `width` x `height` image on its grid.
 pub fn num_tokens(v: &VisionConfig, width: u32, height: u32) -> usize {

@@ -3,14 +3,14 @@
 //! every other operation is a plain loop written to compute each token's row independently of the
 //! rest of the batch, so a sequence's logits do not depend on what it is batched with.
 
-use crate::block_pool::BlockId;
-use crate::error::{EngineError, Result};
-use crate::inject::Injections;
-use crate::model::attention::{attend, Context};
-use crate::model::backend::{Backend, BackendMemory, ForwardBatch};
-use crate::model::config::ModelConfig;
-use crate::model::layers::{linear, rms_norm, rope};
-use crate::model::weights::ModelWeights;
+use crate::attention::{attend, Context};
+use crate::backend::BlockId;
+use crate::backend::PoolRelease;
+use crate::backend::{Backend, BackendMemory, ForwardBatch};
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::layers::{linear, rms_norm, rope};
+use crate::weights::ModelWeights;
 
 /// The KV cache: per layer, K and V for `num_blocks * block_size` slots of `kv_dim` floats.
 #[derive(Debug)]
@@ -32,17 +32,17 @@ pub struct CpuBackend {
     kv: Option<KvPool>,
     /// KV pools kept past their release: only `sleep-keeps-kv` puts anything here.
     kept_kv: Vec<KvPool>,
-    injections: Injections,
+    pool_release: PoolRelease,
     inv_freq: Vec<f32>,
 }
 
 impl CpuBackend {
-    pub fn new(weights: ModelWeights, injections: Injections) -> Result<CpuBackend> {
+    pub fn new(weights: ModelWeights, pool_release: PoolRelease) -> Result<CpuBackend> {
         weights.config.validate()?;
         let config = weights.config.clone();
         let hd = config.head_dim;
         let inv_freq = (0..hd / 2).map(|i| 1.0 / config.rope_theta.powf((2 * i) as f32 / hd as f32)).collect();
-        Ok(CpuBackend { config, weights: Some(weights), kv: None, kept_kv: Vec::new(), injections, inv_freq })
+        Ok(CpuBackend { config, weights: Some(weights), kv: None, kept_kv: Vec::new(), pool_release, inv_freq })
     }
 }
 
@@ -61,7 +61,7 @@ impl Backend for CpuBackend {
 
     fn allocate_kv(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
         if self.kv.is_some() {
-            return Err(EngineError::Backend("KV pool already allocated".into()));
+            return Err(ModelError::Backend("KV pool already allocated".into()));
         }
         let n = num_blocks * block_size * self.config.kv_dim();
         let layers = self.config.num_hidden_layers;
@@ -70,12 +70,12 @@ impl Backend for CpuBackend {
     }
 
     fn release_kv(&mut self) {
-        self.injections.release_pool(&mut self.kv, &mut self.kept_kv);
+        self.pool_release.release(&mut self.kv, &mut self.kept_kv);
     }
 
     fn load_weights(&mut self, weights: ModelWeights) -> Result<()> {
         if weights.config != self.config {
-            return Err(EngineError::Weights(format!(
+            return Err(ModelError::Weights(format!(
                 "new weights have another shape: {:?}, engine has {:?}",
                 weights.config, self.config
             )));
@@ -89,11 +89,11 @@ impl Backend for CpuBackend {
     }
 
     fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>> {
-        let kv = self.kv.as_ref().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let kv = self.kv.as_ref().ok_or_else(|| ModelError::Backend("KV pool is released".into()))?;
         let per_block = kv.block_size * self.config.kv_dim();
         let total = kv.k[0].len() / per_block;
         if let Some(b) = blocks.iter().find(|&&b| b as usize >= total) {
-            return Err(EngineError::Backend(format!("block {b} is out of range (pool has {total})")));
+            return Err(ModelError::Backend(format!("block {b} is out of range (pool has {total})")));
         }
         let mut out = Vec::with_capacity(blocks.len() * per_block * 2 * kv.k.len());
         for (k, v) in kv.k.iter().zip(&kv.v) {
@@ -108,15 +108,15 @@ impl Backend for CpuBackend {
 
     fn write_kv(&mut self, blocks: &[BlockId], data: &[f32]) -> Result<()> {
         let layers = self.config.num_hidden_layers;
-        let kv = self.kv.as_mut().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let kv = self.kv.as_mut().ok_or_else(|| ModelError::Backend("KV pool is released".into()))?;
         let per_block = kv.block_size * self.config.kv_dim();
         let total = kv.k[0].len() / per_block;
         if let Some(b) = blocks.iter().find(|&&b| b as usize >= total) {
-            return Err(EngineError::Backend(format!("block {b} is out of range (pool has {total})")));
+            return Err(ModelError::Backend(format!("block {b} is out of range (pool has {total})")));
         }
         let want = blocks.len() * per_block * 2 * layers;
         if data.len() != want {
-            return Err(EngineError::Backend(format!("KV data has {} floats, {want} expected", data.len())));
+            return Err(ModelError::Backend(format!("KV data has {} floats, {want} expected", data.len())));
         }
         let mut chunks = data.chunks_exact(per_block);
         for l in 0..layers {
@@ -130,12 +130,12 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn encode_image(&mut self, pixels: &crate::multimodal::image::PixelTensor) -> Result<Vec<f32>> {
-        let w = self.weights.as_ref().ok_or_else(|| EngineError::Backend("weights are released".into()))?;
+    fn encode_image(&mut self, pixels: &crate::vision::PixelTensor) -> Result<Vec<f32>> {
+        let w = self.weights.as_ref().ok_or_else(|| ModelError::Backend("weights are released".into()))?;
         if self.config.vision.is_none() {
-            return Err(EngineError::Backend("the model has no vision encoder".into()));
+            return Err(ModelError::Backend("the model has no vision encoder".into()));
         }
-        Ok(crate::model::vision::encode(&self.config, w, pixels))
+        Ok(crate::vision::encode(&self.config, w, pixels))
     }
 
     fn memory(&self) -> BackendMemory {
@@ -148,8 +148,8 @@ impl Backend for CpuBackend {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
-        let w = self.weights.as_ref().ok_or_else(|| EngineError::Backend("weights are released".into()))?;
-        let kv = self.kv.as_mut().ok_or_else(|| EngineError::Backend("KV pool is released".into()))?;
+        let w = self.weights.as_ref().ok_or_else(|| ModelError::Backend("weights are released".into()))?;
+        let kv = self.kv.as_mut().ok_or_else(|| ModelError::Backend("KV pool is released".into()))?;
         let c = &self.config;
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
         let (qd, kvd, inter, bs) = (c.q_dim(), c.kv_dim(), c.intermediate_size, kv.block_size);
@@ -238,7 +238,7 @@ fn embed(w: &ModelWeights, c: &ModelConfig, batch: &ForwardBatch) -> Result<Embe
     for (ci, ch) in batch.chunks.iter().enumerate() {
         for (j, &tok) in ch.tokens.iter().enumerate() {
             if tok as usize >= c.vocab_size {
-                return Err(EngineError::Backend(format!("token id {tok} outside the vocabulary")));
+                return Err(ModelError::Backend(format!("token id {tok} outside the vocabulary")));
             }
             tokens.push(tok);
             positions.push(ch.start_pos + j);

@@ -12,7 +12,7 @@ use rand_core::{RngCore, SeedableRng};
 use safetensors::{Dtype, SafeTensors};
 
 use super::config::ModelConfig;
-use crate::error::{EngineError, Result};
+use crate::error::{ModelError, Result};
 
 /// Per-layer tensor suffixes, in the order of [`tensor_specs`].
 pub const LAYER_TENSORS: [&str; 9] = [
@@ -83,7 +83,7 @@ impl WeightSource {
             WeightSource::Dir(dir) => {
                 let p = dir.join("config.json");
                 let text =
-                    std::fs::read_to_string(&p).map_err(|e| EngineError::Weights(format!("{}: {e}", p.display())))?;
+                    std::fs::read_to_string(&p).map_err(|e| ModelError::Weights(format!("{}: {e}", p.display())))?;
                 ModelConfig::from_hf_json(&text)
             }
         }
@@ -211,7 +211,7 @@ impl ModelWeights {
 
     /// Writes `config.json` and `model.safetensors` (f32) into `dir`, creating it.
     pub fn save_dir(&self, dir: &Path) -> Result<()> {
-        let io = |e: std::io::Error| EngineError::Weights(format!("{}: {e}", dir.display()));
+        let io = |e: std::io::Error| ModelError::Weights(format!("{}: {e}", dir.display()));
         std::fs::create_dir_all(dir).map_err(io)?;
         std::fs::write(dir.join("config.json"), self.config.to_hf_json()).map_err(io)?;
         let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
@@ -223,7 +223,7 @@ impl ModelWeights {
         let mut meta = std::collections::HashMap::new();
         meta.insert("format".to_string(), "pt".to_string());
         let out =
-            safetensors::serialize(views, Some(meta)).map_err(|e| EngineError::Weights(format!("serialize: {e}")))?;
+            safetensors::serialize(views, Some(meta)).map_err(|e| ModelError::Weights(format!("serialize: {e}")))?;
         std::fs::write(dir.join("model.safetensors"), out).map_err(io)
     }
 
@@ -231,33 +231,33 @@ impl ModelWeights {
     /// A missing tensor or a wrong shape is an error naming the tensor and both shapes.
     pub fn load_dir(dir: &Path) -> Result<ModelWeights> {
         let config = WeightSource::Dir(dir.to_path_buf()).config()?;
-        let entries = std::fs::read_dir(dir).map_err(|e| EngineError::Weights(format!("{}: {e}", dir.display())))?;
+        let entries = std::fs::read_dir(dir).map_err(|e| ModelError::Weights(format!("{}: {e}", dir.display())))?;
         let mut files: Vec<_> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(EngineError::Weights(format!("{}: no *.safetensors file", dir.display())));
+            return Err(ModelError::Weights(format!("{}: no *.safetensors file", dir.display())));
         }
         let mut found: BTreeMap<String, (Vec<usize>, Vec<f32>)> = BTreeMap::new();
         for f in &files {
-            let bytes = std::fs::read(f).map_err(|e| EngineError::Weights(format!("{}: {e}", f.display())))?;
+            let bytes = std::fs::read(f).map_err(|e| ModelError::Weights(format!("{}: {e}", f.display())))?;
             let st =
-                SafeTensors::deserialize(&bytes).map_err(|e| EngineError::Weights(format!("{}: {e}", f.display())))?;
+                SafeTensors::deserialize(&bytes).map_err(|e| ModelError::Weights(format!("{}: {e}", f.display())))?;
             for (name, view) in st.tensors() {
                 let data = to_f32(view.dtype(), view.data())
-                    .map_err(|m| EngineError::Weights(format!("{}: tensor {name}: {m}", f.display())))?;
+                    .map_err(|m| ModelError::Weights(format!("{}: tensor {name}: {m}", f.display())))?;
                 found.insert(name, (view.shape().to_vec(), data));
             }
         }
         let mut tensors = Vec::new();
         for (name, shape) in tensor_specs(&config) {
             let (got_shape, data) = found.remove(&name).ok_or_else(|| {
-                EngineError::Weights(format!("{}: missing tensor {name} (expected shape {shape:?})", dir.display()))
+                ModelError::Weights(format!("{}: missing tensor {name} (expected shape {shape:?})", dir.display()))
             })?;
             if got_shape != shape {
-                return Err(EngineError::Weights(format!(
+                return Err(ModelError::Weights(format!(
                     "{}: tensor {name} has shape {got_shape:?}, expected {shape:?}",
                     dir.display()
                 )));

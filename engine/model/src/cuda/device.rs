@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
-use crate::error::{EngineError, Result};
+use crate::error::{ModelError, Result};
 
 /// What a device buffer is for: the allocator counts live bytes and buffers per category.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -122,7 +122,7 @@ impl DeviceBuf {
     pub fn write<T: Copy>(&mut self, data: &[T]) -> Result<()> {
         let bytes = as_bytes(data);
         if bytes.len() > self.slice.len() {
-            return Err(EngineError::Backend(format!("{} bytes into a {}-byte buffer", bytes.len(), self.slice.len())));
+            return Err(ModelError::Backend(format!("{} bytes into a {}-byte buffer", bytes.len(), self.slice.len())));
         }
         let stream = self.slice.stream().clone();
         let mut view = self.slice.slice_mut(..bytes.len());
@@ -134,7 +134,7 @@ impl DeviceBuf {
         let mut out = vec![T::default(); len];
         let n = std::mem::size_of_val(out.as_slice());
         if n > self.slice.len() {
-            return Err(EngineError::Backend(format!("{n} bytes out of a {}-byte buffer", self.slice.len())));
+            return Err(ModelError::Backend(format!("{n} bytes out of a {}-byte buffer", self.slice.len())));
         }
         // SAFETY: `out` is `n` bytes of plain values; every bit pattern the device wrote is one the
         // caller's `T` (f32, u16, i32) accepts.
@@ -164,8 +164,8 @@ pub fn as_bytes<T: Copy>(data: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data)) }
 }
 
-pub fn driver_err(e: cudarc::driver::DriverError) -> EngineError {
-    EngineError::Backend(format!("CUDA: {e}"))
+pub fn driver_err(e: cudarc::driver::DriverError) -> ModelError {
+    ModelError::Backend(format!("CUDA: {e}"))
 }
 
 /// Every device buffer of a backend goes through one of these.
@@ -198,7 +198,7 @@ impl DeviceAllocator {
         // SAFETY: the memory is uninitialised; every user writes before it reads.
         let slice = unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| {
             let free = self.driver_memory().map(|f| f.0).unwrap_or(0);
-            EngineError::Backend(format!("{} ({e})", oom(what, bytes as u64, free)))
+            ModelError::Backend(format!("{} ({e})", oom(what, bytes as u64, free)))
         })?;
         let i = category as usize;
         self.counts.bytes[i].fetch_add(bytes as u64, Ordering::Relaxed);
@@ -240,8 +240,8 @@ impl DeviceAllocator {
     }
 }
 
-fn oom(what: &str, asked: u64, free: u64) -> EngineError {
-    EngineError::Backend(format!(
+fn oom(what: &str, asked: u64, free: u64) -> ModelError {
+    ModelError::Backend(format!(
         "out of device memory for {what}: asked {asked} bytes ({:.2} GiB), {free} bytes ({:.2} GiB) free",
         asked as f64 / (1u64 << 30) as f64,
         free as f64 / (1u64 << 30) as f64
