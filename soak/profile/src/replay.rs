@@ -1,15 +1,97 @@
-//! The profiled replay, from the parent's side: run the same scenario, seed and injections again
-//! in a child `plateau` with jemalloc's profiler enabled, have it dump the live heap at the end of
-//! warm-up, in the middle and at the end, and turn the growth of both halves into sites (see the
-//! parent module).
+//! The profiled replay, from the parent's side, one for every target: run the same scenario and
+//! seed again in a child `plateau run` over a window of the run, with a profiler on what grew
+//! (jemalloc's for plateau's own engine, here; memray or a preloaded jemalloc for another server,
+//! in plateau-external, which starts the server under it), and turn the growth of both halves of
+//! the window into sites. What every replay explains ([`Explains`]: the failing gauge, its growth
+//! in the run over the window) and how its finding is recorded ([`Explains::record`]: growth.txt,
+//! growth.pb.gz, growth.svg and growth.json, whether it reproduced the run) are the same for all;
+//! only the profiler differs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::control::REPLAY_MALLOC_CONF;
-use super::{growth, write_files, GrowthRecord};
+use super::{growth, write_files, write_record, Growth, GrowthRecord};
 
-/// A replay to run.
+/// What a profiled replay explains: a gauge's growth in a run, over a window of its iterations.
+#[derive(Debug, Clone, Copy)]
+pub struct Explains<'a> {
+    /// The run's directory, where the replay's findings go (and its own run, in `replay/`).
+    pub run_dir: &'a Path,
+    /// The window: the replay's profile starts at this quiescent point and ends at `end_iter`.
+    pub start_iter: u64,
+    pub end_iter: u64,
+    /// The gauge the sites explain, and its growth in the run over the window, per iteration.
+    pub metric: &'a str,
+    pub run_bytes_per_iter: f64,
+    pub requests_per_iter: Option<f64>,
+}
+
+/// What a replay's profiler saw beside the sites, for a gauge of a server's process memory.
+pub struct LiveHeap {
+    /// The whole live heap's change per iteration over the window (frees included).
+    pub bytes_per_iter: f64,
+    /// The profiler it came from.
+    pub source: String,
+    /// The other gauges of the process's memory it is weighed against too.
+    pub also: Vec<String>,
+}
+
+impl Explains<'_> {
+    /// Records what a replay found: growth.txt, growth.pb.gz and growth.svg from `growth`, and
+    /// growth.json with whether the replay's rate reproduced the run's within a factor `within`.
+    /// `window` is the window the replay marked (its quiescent points), `command` the replay as a
+    /// person would type it.
+    pub fn record(
+        &self,
+        growth: &Growth,
+        window: (u64, u64),
+        within: f64,
+        command: String,
+        live_heap: Option<LiveHeap>,
+    ) -> Result<GrowthRecord, String> {
+        write_files(self.run_dir, growth, self.requests_per_iter, &command)?;
+        let replay = growth.bytes_per_iter();
+        let (live_heap_bytes_per_iter, live_heap_source, also) = match live_heap {
+            Some(l) => (Some(l.bytes_per_iter), Some(l.source), l.also),
+            None => (None, None, Vec::new()),
+        };
+        let record = GrowthRecord {
+            metric: self.metric.to_string(),
+            start_iter: window.0,
+            end_iter: window.1,
+            replay_bytes_per_iter: replay,
+            run_bytes_per_iter: self.run_bytes_per_iter,
+            reproduced: reproduces(replay, self.run_bytes_per_iter, within),
+            within,
+            command,
+            // Listed either way; the verdict blames them only if the replay reproduced a failure.
+            sites: growth.verdict_sites(self.requests_per_iter, 5),
+            grew_once: growth.once_sites(self.requests_per_iter, 3),
+            note: None,
+            live_heap_bytes_per_iter,
+            live_heap_source,
+            also,
+        };
+        write_record(self.run_dir, &record)?;
+        Ok(record)
+    }
+
+    /// Records that no replay could name a site, and why (the verdict says it).
+    pub fn record_failure(&self, why: String) -> Result<(), String> {
+        let record = GrowthRecord {
+            metric: self.metric.to_string(),
+            start_iter: self.start_iter,
+            end_iter: self.end_iter,
+            note: Some(why),
+            ..GrowthRecord::default()
+        };
+        write_record(self.run_dir, &record)
+    }
+}
+
+/// A replay of plateau's own engine: the same scenario, seed and injections under jemalloc's
+/// profiler, which dumps the live heap at the window's three quiescent points.
 pub struct ReplaySpec<'a> {
     /// The `plateau` binary (this one).
     pub exe: &'a Path,
@@ -17,14 +99,7 @@ pub struct ReplaySpec<'a> {
     pub scenario: &'a str,
     pub seed: u64,
     pub injections: &'a [String],
-    /// The first dump is taken at this quiescent point, the second at `end_iter`.
-    pub start_iter: u64,
-    pub end_iter: u64,
-    pub run_dir: &'a Path,
-    /// The heap metric to explain and its growth in the run, per iteration.
-    pub metric: &'a str,
-    pub run_bytes_per_iter: f64,
-    pub requests_per_iter: Option<f64>,
+    pub explains: Explains<'a>,
 }
 
 /// A replay's growth within this factor of the run's reproduces it: the same allocations, seen
@@ -76,7 +151,8 @@ pub fn run_to_its_end(cmd: &mut Command) -> Result<(), String> {
 
 impl ReplaySpec<'_> {
     fn args(&self, out: &Path) -> Vec<String> {
-        let mut a = window_run_args(self.scenario, self.seed, (self.start_iter, self.end_iter), out);
+        let window = (self.explains.start_iter, self.explains.end_iter);
+        let mut a = window_run_args(self.scenario, self.seed, window, out);
         a.extend(["--sample-interval-ms".to_string(), "0".into()]);
         for i in self.injections {
             a.extend(["--inject".to_string(), i.clone()]);
@@ -86,39 +162,19 @@ impl ReplaySpec<'_> {
 
     /// The replay as a person would type it.
     pub fn command(&self) -> String {
-        format!("MALLOC_CONF={REPLAY_MALLOC_CONF} plateau {}", self.args(&self.run_dir.join("replay")).join(" "))
+        let out = self.explains.run_dir.join("replay");
+        format!("MALLOC_CONF={REPLAY_MALLOC_CONF} plateau {}", self.args(&out).join(" "))
     }
 
-    /// Runs the replay and writes growth.txt, growth.pb.gz, growth.svg and growth.json into the
-    /// run directory. An error means the replay could not be run or read (the caller exits 3).
+    /// Runs the replay and records what it found (see [`Explains::record`]). An error means the
+    /// replay could not be run or read.
     pub fn run(&self) -> Result<GrowthRecord, String> {
-        let out: PathBuf = self.run_dir.join("replay");
+        let e = &self.explains;
+        let out: PathBuf = e.run_dir.join("replay");
         let _ = std::fs::remove_dir_all(&out);
         run_to_its_end(Command::new(self.exe).args(self.args(&out)).env("MALLOC_CONF", REPLAY_MALLOC_CONF))?;
-        let g = growth(&out, self.start_iter, self.end_iter, self.exe)?;
-        let command = self.command();
-        write_files(self.run_dir, &g, self.requests_per_iter, &command)?;
-        let replay = g.bytes_per_iter();
-        let reproduced = reproduces(replay, self.run_bytes_per_iter, REPRODUCED_WITHIN);
-        let record = GrowthRecord {
-            metric: self.metric.to_string(),
-            start_iter: self.start_iter,
-            end_iter: self.end_iter,
-            replay_bytes_per_iter: replay,
-            run_bytes_per_iter: self.run_bytes_per_iter,
-            reproduced,
-            within: REPRODUCED_WITHIN,
-            command,
-            // Listed either way; the verdict blames them only if the replay reproduced a failure.
-            sites: g.verdict_sites(self.requests_per_iter, 5),
-            grew_once: g.once_sites(self.requests_per_iter, 3),
-            note: None,
-            // In-process the gauge is the live heap itself: there is nothing to weigh it against.
-            live_heap_bytes_per_iter: None,
-            live_heap_source: None,
-            also: Vec::new(),
-        };
-        super::write_record(self.run_dir, &record)?;
-        Ok(record)
+        let g = growth(&out, e.start_iter, e.end_iter, self.exe)?;
+        // In-process the gauge is the live heap itself: there is nothing to weigh it against.
+        e.record(&g, (e.start_iter, e.end_iter), REPRODUCED_WITHIN, self.command(), None)
     }
 }

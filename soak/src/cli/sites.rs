@@ -5,7 +5,7 @@
 use plateau_reports::Status;
 use plateau_soak::driver::{self, RunOptions};
 use plateau_soak::external::profile::{ExternalReplay, Launch, ServerKind};
-use plateau_soak::heapprof::GrowthRecord;
+use plateau_soak::heapprof::replay::Explains;
 
 use super::HARNESS;
 
@@ -87,32 +87,27 @@ pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -
         scenario: &opts.scenario_source,
         seed: r.verdict.seed,
         injections: &injections,
-        start_iter: start,
-        end_iter: end,
-        run_dir: &r.out_dir,
-        metric: "jemalloc.allocated",
-        // The run's own growth over the replay's window, so that like is compared with like (a
-        // cache that filled before the window, or a growth that starts after it, would make the
-        // run's overall rate another figure).
-        run_bytes_per_iter: samples
-            .as_ref()
-            .and_then(|s| plateau_soak::detector::window_rate(s, "jemalloc.allocated", start, end))
-            .unwrap_or_else(|| heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter)),
-        requests_per_iter: r.verdict.requests_per_iter,
+        explains: Explains {
+            run_dir: &r.out_dir,
+            start_iter: start,
+            end_iter: end,
+            metric: "jemalloc.allocated",
+            // The run's own growth over the replay's window, so that like is compared with like
+            // (a cache that filled before the window, or a growth that starts after it, would
+            // make the run's overall rate another figure).
+            run_bytes_per_iter: samples
+                .as_ref()
+                .and_then(|s| plateau_soak::detector::window_rate(s, "jemalloc.allocated", start, end))
+                .unwrap_or_else(|| heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter)),
+            requests_per_iter: r.verdict.requests_per_iter,
+        },
     };
     eprintln!("plateau: profiling a replay of iterations {start}..{end} for the heap's allocation sites");
     if let Err(e) = spec.run() {
         // The replay is evidence for the verdict, not the verdict: a leak stays a leak (exit 1)
         // when no line could be named, and the verdict says why.
         eprintln!("plateau: no allocating line named: the profiled replay could not run: {e}");
-        let record = GrowthRecord {
-            metric: "jemalloc.allocated".into(),
-            start_iter: start,
-            end_iter: end,
-            note: Some(format!("the profiled replay could not run: {e}")),
-            ..GrowthRecord::default()
-        };
-        if let Err(e) = plateau_soak::heapprof::write_record(&r.out_dir, &record) {
+        if let Err(e) = spec.explains.record_failure(format!("the profiled replay could not run: {e}")) {
             eprintln!("plateau: {e}");
             return Some(HARNESS);
         }
@@ -285,12 +280,14 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
     // A server's process memory is weighed against its live heap where it still grew: the run's
     // last iterations, after any cache filled.
     let (start, end) = replay_window(r.verdict.warmup_iterations, r.iterations, Some(r.iterations));
-    let note = |why: String| GrowthRecord {
-        metric: metric.clone(),
+    let run_dir = r.out_dir.clone();
+    let explains = Explains {
+        run_dir: &run_dir,
         start_iter: start,
         end_iter: end,
-        note: Some(why),
-        ..GrowthRecord::default()
+        metric: &metric,
+        run_bytes_per_iter: run_rate(&r.out_dir, &metric, &own, start, end, &has_gauge).unwrap_or(slope),
+        requests_per_iter: r.verdict.requests_per_iter,
     };
     let launch = match &server.started {
         Started::Nothing => None,
@@ -308,12 +305,10 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
         (k, false) => k,
     });
     let (process, whose) = process_names(chosen.process.as_deref(), scope);
-    let record = match (launch, kind) {
-        _ if end <= start => note("the run ended within its warm-up: no window to replay".into()),
-        (None, _) => note(
-            "the server was given by --pid: a profiled replay starts a fresh server under a profiler, so give its command with --spawn to name the allocating line".into(),
-        ),
-        (Some(_), Err(e)) => note(e),
+    let why: String = match (launch, kind) {
+        _ if end <= start => "the run ended within its warm-up: no window to replay".into(),
+        (None, _) => "the server was given by --pid: a profiled replay starts a fresh server under a profiler, so give its command with --spawn to name the allocating line".into(),
+        (Some(_), Err(e)) => e,
         (Some(launch), Ok(kind)) => {
             let exe = match std::env::current_exe() {
                 Ok(e) => e,
@@ -328,12 +323,7 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
                 seed: r.verdict.seed,
                 launch: &launch,
                 target_args: server.target_args.clone(),
-                start_iter: start,
-                end_iter: end,
-                run_dir: &r.out_dir,
-                metric: &metric,
-                run_bytes_per_iter: run_rate(&r.out_dir, &metric, &own, start, end, &has_gauge).unwrap_or(slope),
-                requests_per_iter: r.verdict.requests_per_iter,
+                explains,
                 kind: &kind,
                 also: PROCESS_MEMORY
                     .iter()
@@ -347,12 +337,12 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
             }
             match replay.run() {
                 Ok(_) => return rejudge(r),
-                Err(e) => note(format!("{whose}{e}")),
+                Err(e) => format!("{whose}{e}"),
             }
         }
     };
-    eprintln!("plateau: no allocating line named: {}", record.note.as_deref().unwrap_or(""));
-    if let Err(e) = plateau_soak::heapprof::write_record(&r.out_dir, &record) {
+    eprintln!("plateau: no allocating line named: {why}");
+    if let Err(e) = explains.record_failure(why) {
         eprintln!("plateau: {e}");
         return Some(HARNESS);
     }

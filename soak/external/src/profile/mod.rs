@@ -29,7 +29,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub use kind::{classify, ServerKind};
-use plateau_profile::{write_files, Growth, GrowthRecord};
+use plateau_profile::replay::{Explains, LiveHeap};
+use plateau_profile::{Growth, GrowthRecord};
 
 pub use plateau_driver::SERVERS_FILE;
 
@@ -116,13 +117,7 @@ pub struct ExternalReplay<'a> {
     pub launch: &'a Launch<'a>,
     /// The run's other target flags, passed on as given (timeouts, concurrency, metrics map).
     pub target_args: Vec<String>,
-    pub start_iter: u64,
-    pub end_iter: u64,
-    pub run_dir: &'a Path,
-    /// The gauge the sites explain, and its growth in the run, per iteration.
-    pub metric: &'a str,
-    pub run_bytes_per_iter: f64,
-    pub requests_per_iter: Option<f64>,
+    pub explains: Explains<'a>,
     pub kind: &'a ServerKind,
     /// The other gauges of the process's memory its live heap is weighed against too.
     pub also: Vec<String>,
@@ -133,11 +128,11 @@ pub struct ExternalReplay<'a> {
 
 impl ExternalReplay<'_> {
     fn out(&self) -> PathBuf {
-        self.run_dir.join("replay")
+        self.explains.run_dir.join("replay")
     }
 
     fn args(&self, env: &[(String, String)]) -> Vec<String> {
-        let window = (self.start_iter, self.end_iter);
+        let window = (self.explains.start_iter, self.explains.end_iter);
         let mut a = plateau_profile::replay::window_run_args(self.scenario, self.seed, window, &self.out());
         a.extend(self.target_args.iter().cloned());
         a.extend(self.launch.args(env));
@@ -178,29 +173,14 @@ impl ExternalReplay<'_> {
             }
             _ => native::growth(&out, &window)?,
         };
-        write_files(self.run_dir, &growth, self.requests_per_iter, &command)?;
-        let replay = growth.bytes_per_iter();
-        let reproduced = plateau_profile::replay::reproduces(replay, self.run_bytes_per_iter, REPRODUCED_WITHIN);
-        let record = GrowthRecord {
-            metric: self.metric.to_string(),
-            start_iter: window.iters[0],
-            end_iter: window.iters[2],
-            replay_bytes_per_iter: replay,
-            run_bytes_per_iter: self.run_bytes_per_iter,
-            reproduced,
-            within: REPRODUCED_WITHIN,
-            command,
-            sites: growth.verdict_sites(self.requests_per_iter, 5),
-            grew_once: growth.once_sites(self.requests_per_iter, 3),
-            note: None,
-            live_heap_bytes_per_iter: Some(growth.net_bytes_per_iter()),
-            live_heap_source: Some(match self.kind {
+        let live_heap = LiveHeap {
+            bytes_per_iter: growth.net_bytes_per_iter(),
+            source: match self.kind {
                 ServerKind::Python { .. } => "memray".into(),
                 _ => "jemalloc's heap dumps".into(),
-            }),
+            },
             also: self.also.clone(),
         };
-        plateau_profile::write_record(self.run_dir, &record)?;
-        Ok(record)
+        self.explains.record(&growth, (window.iters[0], window.iters[2]), REPRODUCED_WITHIN, command, Some(live_heap))
     }
 }
