@@ -15,6 +15,7 @@ pub mod plot;
 pub mod relations;
 mod run_end;
 pub mod samples;
+pub mod tolerance;
 pub mod verdict;
 
 pub use env::{replay_command, shell_word, Environment, ENVIRONMENT_SCHEMA};
@@ -22,4 +23,5 @@ pub use samples::{
     CallTimes, ControlRecord, EndState, Header, Kind, MetricSpec, Row, RunEnd, SampleLine, Samples, SamplesError,
     ROLE_REQUESTS, SAMPLES_SCHEMA, UNITS,
 };
+pub use tolerance::{Per, Tolerance, DEFAULT_WARMUP_ITERATIONS};
 pub use verdict::{Evidence, MetricVerdict, Projection, Site, Status, Trend, Verdict, VERDICT_SCHEMA};

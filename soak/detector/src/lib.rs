@@ -36,7 +36,7 @@ pub mod release;
 pub mod series;
 pub mod stats;
 pub mod steps;
-pub mod tolerance;
+pub use plateau_reports::tolerance;
 mod trend;
 mod verdict;
 
@@ -44,12 +44,7 @@ use plateau_reports::{MetricSpec, MetricVerdict, Status};
 
 pub use judge::{judge, judge_with, judge_with_evidence, unfinished, Overrides, STOPPED_ON_EXACT_FAILURE};
 pub use live_heap::{window_rate, LiveHeap};
-pub use tolerance::{Per, Tolerance};
-
-/// Warm-up when neither the user nor the scenario or samples header says: the engine's caches
-/// (prefix cache, encoder cache, allocator size classes) fill within the first few iterations of
-/// every shipped scenario, and 20 leaves 180 judged points in a default 200-iteration run.
-pub const DEFAULT_WARMUP_ITERATIONS: u64 = 20;
+pub use plateau_reports::tolerance::{Per, Tolerance, DEFAULT_WARMUP_ITERATIONS};
 
 /// The one warm-up rule of the soak, `plateau analyze` and the simulator: the user's `--warmup`, else what
 /// the scenario or the samples header declares, else [`DEFAULT_WARMUP_ITERATIONS`]. An explicit

@@ -128,7 +128,7 @@ impl Default for SoakSection {
         SoakSection {
             iterations: 200,
             duration: None,
-            warmup_iterations: plateau_detector::DEFAULT_WARMUP_ITERATIONS,
+            warmup_iterations: plateau_reports::DEFAULT_WARMUP_ITERATIONS,
             sample_interval_ms: 1000,
             seed: 0,
             tolerance: None,
@@ -157,7 +157,7 @@ impl SoakSection {
     }
 
     /// The tolerance, parsed (validated at load, so only a programming error can fail here).
-    pub fn tolerance(&self) -> Option<plateau_detector::Tolerance> {
+    pub fn tolerance(&self) -> Option<plateau_reports::Tolerance> {
         self.tolerance.as_deref().and_then(|t| t.parse().ok())
     }
 }

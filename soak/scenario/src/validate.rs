@@ -188,7 +188,7 @@ impl Validator<'_> {
             }
         }
         if let Some(t) = &self.s.soak.tolerance {
-            if let Err(m) = t.parse::<plateau_detector::Tolerance>() {
+            if let Err(m) = t.parse::<plateau_reports::Tolerance>() {
                 return self.fail(soak("tolerance"), m);
             }
         }
