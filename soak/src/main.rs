@@ -77,7 +77,10 @@ pub(crate) enum Cmd {
 fn main() -> ExitCode {
     // First of all: the same address space in every run of a seed (the kernel's randomisation
     // off, by executing the program again), before the allocator maps anything it judges.
-    plateau_probes::layout::fix();
+    if let Err(e) = plateau_probes::layout::fix() {
+        eprintln!("plateau: {e}");
+        return ExitCode::from(cli::USAGE);
+    }
     // Before anything maps memory of its own: the allocator's address space is told apart from
     // the rest from here on (`proc.anon_outside_heap`).
     plateau_soak::extents::install();

@@ -423,3 +423,10 @@ fn an_unknown_plant_is_bad_input_that_names_the_known_ones() {
         "{err}"
     );
 }
+
+#[test]
+fn a_bad_plateau_aslr_value_is_bad_input_that_names_the_one_it_takes() {
+    let o = Command::new(env!("CARGO_BIN_EXE_plateau")).arg("list").env("PLATEAU_ASLR", "off").output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("PLATEAU_ASLR=off: the one value it takes is `keep`"), "{}", stderr(&o));
+}

@@ -33,8 +33,8 @@ const SET_BY_PLATEAU_ENV: &str = "PLATEAU_LAYOUT_FIXED_BY_PLATEAU";
 /// What [`fix`] found, for [`describe_current`].
 static FOUND: std::sync::OnceLock<Layout> = std::sync::OnceLock::new();
 
-/// The personality flag (linux/personality.h).
-const ADDR_NO_RANDOMIZE: libc::c_ulong = 0x0040000;
+/// The personality flag (linux/personality.h), as personality(2) takes it.
+const ADDR_NO_RANDOMIZE: libc::c_ulong = libc::ADDR_NO_RANDOMIZE as libc::c_ulong;
 
 /// How this process's address space was laid out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,11 +70,15 @@ fn persona() -> Option<libc::c_ulong> {
 
 /// Turns the kernel's randomisation off for this process and executes the program again, or says
 /// why the layout stays as it is (see the module's lifecycle). Returns only when no new image
-/// was executed (or in that new image, where the flag is already set).
-pub fn fix() -> Layout {
+/// was executed (or in that new image, where the flag is already set). An error names a value of
+/// `PLATEAU_ASLR` other than `keep` (bad input: the caller exits 2).
+pub fn fix() -> Result<Layout, String> {
+    if let Some(v) = std::env::var_os(KEEP_ENV).filter(|v| v != "keep") {
+        return Err(format!("{KEEP_ENV}={}: the one value it takes is `keep`", v.to_string_lossy()));
+    }
     let found = decide();
     let _ = FOUND.set(found.clone());
-    found
+    Ok(found)
 }
 
 /// This process's layout as [`fix`] left it, in [`Layout::describe`]'s words; where `fix` never
@@ -99,7 +103,7 @@ fn decide() -> Layout {
             Layout::AlreadyFixed
         };
     }
-    if std::env::var(KEEP_ENV).is_ok_and(|v| v == "keep") {
+    if std::env::var_os(KEEP_ENV).is_some() {
         return Layout::Kept;
     }
     // SAFETY: sets this process's persona; nothing else depends on it before the exec below.
