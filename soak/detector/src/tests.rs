@@ -6,6 +6,9 @@ use super::test_noise::noise;
 use super::verdict::analyze;
 use super::DetectorConfig;
 
+// The exact layer's cases: one leaked entry, one count that went down, one failed check.
+mod exact;
+
 /// Samples of the gauges in `metrics`, a quiescent row per iteration 1..=n, one per 0.05 s, with
 /// `value(name, iteration)` for each.
 pub(super) fn samples_of(metrics: BTreeMap<String, MetricSpec>, n: u64, value: impl Fn(&str, u64) -> f64) -> Samples {
@@ -275,58 +278,6 @@ fn the_resolution_of_the_noise_and_what_the_tolerance_accepts_are_reported_apart
     let v = analyze(&s, &DetectorConfig { tolerance: "0".parse().unwrap(), ..DetectorConfig::default() }, None);
     let t = v.metrics.iter().find(|m| m.name == "g").unwrap().trend.clone().unwrap();
     assert_eq!(t.noise_resolution_per_iter, t.resolution_per_iter);
-}
-
-#[test]
-fn a_counter_that_goes_down_fails() {
-    let mut s = gauge(40, |i| i as f64);
-    s.header.metrics.insert("g".into(), MetricSpec::new(Kind::Counter, "count"));
-    s.rows[30].values[0] = Some(3.0);
-    let v = analyze(&s, &DetectorConfig::default(), None);
-    assert_eq!((v.metrics[0].status, v.metrics[0].first_iter), (Status::Fail, Some(31)));
-}
-
-#[test]
-fn failed_idle_checks_are_exact_failures_with_their_first_iteration() {
-    let mut s = gauge(50, |_| BASE);
-    s.rows[9].checks.insert("check.kv_accounting".into(), "free + cached + used != total".into());
-    s.rows[12].checks.insert("check.kv_accounting".into(), "free + cached + used != total".into());
-    let v = analyze(&s, &DetectorConfig::default(), None);
-    let m = v.metrics.iter().find(|m| m.name == "check.kv_accounting").unwrap();
-    assert_eq!((m.status, m.first_iter, m.kind.as_str()), (Status::Fail, Some(10), "check"));
-}
-
-#[test]
-fn per_request_fails_at_the_first_leaked_entry() {
-    let mut s = gauge(50, |_| BASE);
-    s.header.metrics.insert("registry.r".into(), MetricSpec::new(Kind::PerRequest, "count"));
-    s.names = s.header.metrics.keys().cloned().collect();
-    for r in &mut s.rows {
-        let leaked = if r.iter >= 7 { 1.0 } else { 0.0 };
-        r.values = vec![r.values[0], Some(leaked)];
-    }
-    // Non-quiescent samples may hold requests in flight.
-    s.rows[2].quiescent = false;
-    s.rows[2].values[1] = Some(40.0);
-    let v = analyze(&s, &DetectorConfig::default(), None);
-    let m = v.metrics.iter().find(|m| m.name == "registry.r").unwrap();
-    assert_eq!((m.status, m.first_iter), (Status::Fail, Some(7)));
-    assert!(v.attribution.iter().any(|a| a.contains("registry.r")));
-}
-
-#[test]
-fn bounded_fails_above_capacity() {
-    let mut s = gauge(30, |_| BASE);
-    s.header
-        .metrics
-        .insert("registry.b".into(), MetricSpec { capacity: Some(4), ..MetricSpec::new(Kind::Bounded, "count") });
-    s.names = s.header.metrics.keys().cloned().collect();
-    for r in &mut s.rows {
-        r.values = vec![r.values[0], Some(if r.iter == 12 { 5.0 } else { 4.0 })];
-    }
-    let v = analyze(&s, &DetectorConfig::default(), None);
-    let m = v.metrics.iter().find(|m| m.name == "registry.b").unwrap();
-    assert_eq!((m.status, m.first_iter), (Status::Fail, Some(12)));
 }
 
 #[test]

@@ -1,10 +1,13 @@
 //! `plateau run`'s flags for a server plateau does not run in-process (`--target`, `--pid`,
 //! `--spawn`, `--topology`...), what a profiled replay of such a run passes on, and what a shrink
-//! or a fuzz repeats of it.
+//! or a fuzz repeats of it; which of them go together, checked before a run starts.
 
 use std::path::PathBuf;
 
 use plateau_engine::Injection;
+use plateau_soak::driver::RunOptions;
+
+use super::USAGE;
 
 /// Soak a server plateau did not start in-process: see README, "Soak your own server".
 #[derive(clap::Args)]
@@ -175,4 +178,58 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
         return Err(format!("`{key}` is not an environment variable's name"));
     }
     Ok((k.to_string(), v.to_string()))
+}
+
+impl ExternalArgs {
+    /// Flags that only mean something with a server plateau starts or reads: said, and exit 2.
+    pub(super) fn check(&self) -> Result<(), u8> {
+        if !self.spawn_env.is_empty() && self.spawn.is_none() && self.topology.is_none() {
+            eprintln!("plateau: --spawn-env is the environment of a server plateau starts: give --spawn \"CMD\" or --topology FILE");
+            return Err(USAGE);
+        }
+        if self.dialect.is_some() && self.target.is_none() && self.topology.is_none() {
+            eprintln!("plateau: --dialect names an external server's dialect: give --target URL or --topology FILE");
+            return Err(USAGE);
+        }
+        Ok(())
+    }
+
+    /// The options of a run against the server at `url`; flags that apply to plateau's own engine
+    /// only, or that a server cannot take, are said, and exit 2.
+    pub(super) fn options(
+        &self,
+        url: &str,
+        topology: Option<&plateau_soak::external::topology::Topology>,
+        opts: &RunOptions,
+        profile: bool,
+    ) -> Result<plateau_soak::external::ExternalOptions, u8> {
+        if opts.pd_processes || opts.backend.is_some() {
+            eprintln!("plateau: --target: --pd-processes and --backend apply to plateau's own engine only");
+            return Err(USAGE);
+        }
+        if profile && self.spawn.is_none() && topology.is_none() {
+            eprintln!("plateau: --target --profile: the profiled replay starts a fresh server under a profiler; give the command with --spawn \"CMD\"");
+            return Err(USAGE);
+        }
+        if opts.sample_interval_ms.is_some_and(|ms| ms > 0) {
+            eprintln!("plateau: --target: a server is sampled at quiescent points only (no timer samples); drop --sample-interval-ms");
+            return Err(USAGE);
+        }
+        let ext = plateau_soak::external::ExternalOptions {
+            url: url.to_string(),
+            pid: self.pid,
+            spawn: self.spawn.clone(),
+            metrics_map: self.metrics_map.clone(),
+            concurrency: self.concurrency as usize,
+            ready_timeout: std::time::Duration::from_secs(self.ready_timeout_s()),
+            settle_timeout: std::time::Duration::from_millis(self.settle_timeout_ms),
+            request_timeout: std::time::Duration::from_secs(self.request_timeout_s),
+            spawn_env: self.spawn_env.clone(),
+            dialect: self.dialect,
+            topology: topology.cloned(),
+            python_hook: !self.no_python_hook,
+            profile_process: self.profile_process.clone(),
+        };
+        Ok(ext)
+    }
 }
