@@ -13,6 +13,10 @@
 //!   it has in use);
 //! - `py.blocks`: the count of allocated pymalloc blocks, shown only.
 //!
+//! Each is read after the hook empties the interpreter's caches (its type cache, and a full
+//! garbage collection where the program has its collector on; `sitecustomize.py` says why), as
+//! plateau settles its own allocator at a quiescent point: what remains is what the program keeps.
+//!
 //! The relations are declared in the samples header, so the judge weighs a process's RSS against
 //! what it holds: objects kept, native memory kept, or pages an allocator keeps. The same socket
 //! starts and stops memray inside a process for a profiled replay's window
