@@ -76,21 +76,17 @@ def _plateau_hook():
           runs only once that generation has grown by a quarter, and the free lists of tuples,
           lists, dicts and frames keep blocks; floors of rl-rollout's objects rose 58 to 171 B an
           iteration in 3 of 4 runs without it. A program that turned its collector off is left
-          as it is: what it cannot collect, it keeps.
-        Says whether the collection ran."""
+          as it is: what it cannot collect, it keeps."""
         clear = getattr(sys, "_clear_type_cache", None)
         if clear is not None:
             clear()
-        if not gc.isenabled():
-            return False
-        gc.collect()
-        return True
+        if gc.isenabled():
+            gc.collect()
 
     def stats():
-        collected = settle()
+        settle()
         out = {"pid": os.getpid(), "ppid": os.getppid(), "executable": sys.executable, "prefix": sys.prefix,
-               "argv": [str(a) for a in sys.argv[:3]], "py_blocks": sys.getallocatedblocks(),
-               "gc_collected": collected}
+               "argv": [str(a) for a in sys.argv[:3]], "py_blocks": sys.getallocatedblocks()}
         try:
             import multiprocessing
             process = multiprocessing.current_process()
