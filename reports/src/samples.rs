@@ -213,6 +213,15 @@ pub struct SamplesError {
 }
 
 impl Samples {
+    /// Samples made in memory (by the simulator, or a synthetic series) rather than read from a
+    /// file: the names are the header's metrics in their sorted order, each row holds a value slot
+    /// for every one of them, and the run ended whole with nothing to warn of.
+    pub fn in_memory(header: Header, rows: Vec<Row>) -> Samples {
+        let names: Vec<String> = header.metrics.keys().cloned().collect();
+        assert!(rows.iter().all(|r| r.values.len() == names.len()), "a row holds a value slot for each metric");
+        Samples { header, names, rows, truncated_tail: false, warnings: Vec::new(), end: None }
+    }
+
     pub fn index(&self, name: &str) -> Option<usize> {
         self.names.binary_search_by(|n| n.as_str().cmp(name)).ok()
     }

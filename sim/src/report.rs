@@ -147,7 +147,7 @@ impl RunReport {
             injections: spec.injections.iter().map(|i| i.name().to_string()).collect(),
             ..Header::default()
         };
-        let s = Samples { header, names, rows, truncated_tail: false, warnings: Vec::new(), end: None };
+        let s = Samples::in_memory(header, rows);
         // The soak's one judge, on what this run recorded.
         let verdict = match judge(&s) {
             Ok(v) => v,

@@ -108,22 +108,16 @@ impl Case {
                 plateau_reports::Row::new(self.dt * (i + 1) as f64, i as u64 + 1, true, values)
             })
             .collect();
-        Samples {
-            header: Header {
-                schema: SAMPLES_SCHEMA.into(),
-                scenario: format!("corpus-{}", self.name.replace('/', "-")),
-                seed: 0,
-                backend: "synthetic".into(),
-                metrics,
-                warmup_iterations: Some(warmup(self.n)),
-                ..Header::default()
-            },
-            names,
-            rows,
-            truncated_tail: false,
-            warnings: vec![],
-            end: None,
-        }
+        let header = Header {
+            schema: SAMPLES_SCHEMA.into(),
+            scenario: format!("corpus-{}", self.name.replace('/', "-")),
+            seed: 0,
+            backend: "synthetic".into(),
+            metrics,
+            warmup_iterations: Some(warmup(self.n)),
+            ..Header::default()
+        };
+        Samples::in_memory(header, rows)
     }
 
     /// The value of the gauge `name` written beside the series at its `i`-th point (0-based).

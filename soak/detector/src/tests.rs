@@ -16,21 +16,29 @@ pub(super) fn samples_of(metrics: BTreeMap<String, MetricSpec>, n: u64, value: i
     let rows = (1..=n)
         .map(|i| Row::new(i as f64 * 0.05, i, true, names.iter().map(|m| Some(value(m, i))).collect()))
         .collect();
-    Samples {
-        header: Header {
-            schema: SAMPLES_SCHEMA.into(),
-            scenario: "t".into(),
-            seed: 0,
-            backend: "cpu".into(),
-            metrics,
-            ..Header::default()
-        },
-        names,
-        rows,
-        truncated_tail: false,
-        warnings: vec![],
-        end: None,
+    let header = Header {
+        schema: SAMPLES_SCHEMA.into(),
+        scenario: "t".into(),
+        backend: "cpu".into(),
+        metrics,
+        ..Header::default()
+    };
+    Samples::in_memory(header, rows)
+}
+
+/// `s` with an `engine.requests_added` counter beside its one gauge: `per_iter` requests an
+/// iteration.
+fn with_requests(mut s: Samples, per_iter: f64) -> Samples {
+    s.header.metrics.insert(
+        "engine.requests_added".into(),
+        MetricSpec { role: Some("requests".into()), ..MetricSpec::new(Kind::Counter, "count") },
+    );
+    s.names = s.header.metrics.keys().cloned().collect();
+    for r in &mut s.rows {
+        // Names sort: engine.requests_added before the gauge.
+        r.values = vec![Some(per_iter * r.iter as f64), r.values[0]];
     }
+    s
 }
 
 /// Samples of one gauge `g` (bytes) over `n` quiescent iterations.
@@ -220,16 +228,7 @@ fn the_verdict_does_not_depend_on_the_machine_speed() {
 
 #[test]
 fn the_tolerance_is_per_iteration_or_per_request() {
-    let mut s = gauge(N, |i| BASE + 48.0 * i as f64);
-    s.header.metrics.insert(
-        "engine.requests_added".into(),
-        MetricSpec { role: Some("requests".into()), ..MetricSpec::new(Kind::Counter, "count") },
-    );
-    s.names = s.header.metrics.keys().cloned().collect();
-    for r in &mut s.rows {
-        // Names sort: engine.requests_added, g.
-        r.values = vec![Some(20.0 * r.iter as f64), r.values[0]];
-    }
+    let s = with_requests(gauge(N, |i| BASE + 48.0 * i as f64), 20.0);
     let judge = |t: &str| {
         let cfg = DetectorConfig { tolerance: t.parse().unwrap(), ..DetectorConfig::default() };
         let v = analyze(&s, &cfg, None);
@@ -257,15 +256,7 @@ fn every_judged_gauge_states_its_resolution_and_a_failure_its_cost() {
 fn the_resolution_of_the_noise_and_what_the_tolerance_accepts_are_reported_apart() {
     // A quiet heap (noise 8 B) at 20 requests per iteration: a tolerance of 3 B/request accepts
     // 60 B/iteration, far above what the noise alone resolves.
-    let mut s = gauge(N, |i| BASE + jitter(i, 8.0));
-    s.header.metrics.insert(
-        "engine.requests_added".into(),
-        MetricSpec { role: Some("requests".into()), ..MetricSpec::new(Kind::Counter, "count") },
-    );
-    s.names = s.header.metrics.keys().cloned().collect();
-    for r in &mut s.rows {
-        r.values = vec![Some(20.0 * r.iter as f64), r.values[0]];
-    }
+    let s = with_requests(gauge(N, |i| BASE + jitter(i, 8.0)), 20.0);
     let cfg = DetectorConfig { tolerance: "3B/request".parse().unwrap(), ..DetectorConfig::default() };
     let v = analyze(&s, &cfg, None);
     let m = v.metrics.iter().find(|m| m.name == "g").unwrap();
