@@ -69,22 +69,12 @@ fn an_unknown_dialect_is_refused_naming_the_choices() {
 
 /// A vLLM-dialect server whose sleep call fails: `500` answers it with HTTP 500; `exit` answers
 /// it 200 and then the whole server exits (an engine that dies after accepting the call).
-const FAILING_SLEEP_SERVER: &str = r#"
-import json, os, sys
-from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+const FAILING_SLEEP_SERVER: &str = concat!(
+    include_str!("common/stub_server.py"),
+    r#"
 MODE = sys.argv[2]
 
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def log_message(self, *a):
-        pass
-    def reply(self, code, body):
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-        self.wfile.flush()
+class H(Stub):
     def do_GET(self):
         if self.path in ("/v1/models", "/health"):
             self.reply(200, b'{"object":"list","data":[{"id":"tiny","owned_by":"vllm"}]}')
@@ -93,7 +83,7 @@ class H(BaseHTTPRequestHandler):
         else:
             self.reply(404, b'{}')
     def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}"
+        body = self.body()
         if self.path.startswith("/sleep"):
             if MODE == "500":
                 return self.reply(500, b'{"error":{"message":"sleep mode is not enabled"}}')
@@ -104,19 +94,11 @@ class H(BaseHTTPRequestHandler):
         if self.path.startswith("/wake_up") or self.path.startswith("/reset"):
             return self.reply(200, b'{}')
         req = json.loads(body)
-        n, max_tokens = req.get("n", 1), req.get("max_tokens", 4)
-        events = b"".join(
-            b"data: " + json.dumps({"choices": [{"index": k, "text": " a", "finish_reason": None}]}).encode() + b"\n\n"
-            for _ in range(max_tokens) for k in range(n)) + b"data: [DONE]\n\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Content-Length", str(len(events)))
-        self.end_headers()
-        self.wfile.write(events)
+        self.stream(req.get("n", 1), req.get("max_tokens", 4))
 
-ThreadingHTTPServer.daemon_threads = True
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"#;
+serve(H)
+"#
+);
 
 #[test]
 #[cfg_attr(not(plateau_python3), ignore = "no python3 on this machine: the failing server is a Python script")]

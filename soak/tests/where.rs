@@ -187,47 +187,31 @@ fn explain_needs_a_run_directory() {
 
 /// A small OpenAI-compatible server in Python's standard library that keeps 4 KiB of every
 /// request in `remember_prompt`: a leak whose function a verdict names through memray.
-const PYTHON_SERVER: &str = r#"
-import json, sys
-from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+const PYTHON_SERVER: &str = concat!(
+    include_str!("common/stub_server.py"),
+    r#"
 SEEN = []
 
 def remember_prompt(prompt):
     SEEN.append(bytearray(4096) + prompt.encode())
 
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def log_message(self, *a):
-        pass
-    def reply(self, code, body):
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+class H(Stub):
     def do_GET(self):
         if self.path in ("/v1/models", "/health"):
             self.reply(200, b'{"object":"list","data":[{"id":"tiny"}]}')
         else:
             self.reply(404, b'{}')
     def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        req = json.loads(self.body())
         n, max_tokens = req.get("n", 1), req.get("max_tokens", 4)
         if not isinstance(n, int) or n < 1 or not isinstance(max_tokens, int) or max_tokens < 1:
             return self.reply(400, b'{"error":{"message":"invalid"}}')
         remember_prompt(str(req.get("prompt") or req.get("messages")))
-        events = b"".join(
-            b"data: " + json.dumps({"choices": [{"index": k, "text": " a", "finish_reason": None}]}).encode() + b"\n\n"
-            for _ in range(max_tokens) for k in range(n)) + b"data: [DONE]\n\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Content-Length", str(len(events)))
-        self.end_headers()
-        self.wfile.write(events)
+        self.stream(n, max_tokens)
 
-ThreadingHTTPServer.daemon_threads = True
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"#;
+serve(H)
+"#
+);
 
 /// The same server in C on the C library's malloc, one connection at a time: `keep_request`
 /// keeps 4 KiB of every request.
