@@ -47,6 +47,18 @@ const fn planted(scenario: &'static str, plant: &'static str) -> Case {
     Case { plant: Some(plant), ..clean(scenario) }
 }
 
+/// An injection, caught in `scenario`: the run fails on `metric`, and nothing fails but it and
+/// metrics named by a fragment in `also`; in --quick mode it runs `quick_iterations`.
+const fn caught(
+    scenario: &'static str,
+    inject: &'static str,
+    quick_iterations: Option<u64>,
+    metric: &'static str,
+    also: &'static [&'static str],
+) -> Case {
+    Case { scenario, inject: Some(inject), plant: None, quick_iterations, expect_metric: Some(metric), also }
+}
+
 /// The heap and everything the kernel counts of it.
 const HEAP: &[&str] = &["jemalloc.", "proc.rss", "proc.anon_", "proc.pte"];
 
@@ -58,113 +70,45 @@ pub const CASES: [Case; 25] = [
     clean("mixed"),
     clean("multimodal-repeat"),
     clean("pd-transfer"),
-    Case {
-        scenario: "n-sampling",
-        inject: Some("registry-retains-finished"),
-        plant: None,
-        quick_iterations: Some(30),
-        expect_metric: Some("registry.requests"),
-        also: HEAP,
-    },
-    Case {
-        scenario: "aborts",
-        inject: Some("n-abort-orphans"),
-        plant: None,
-        quick_iterations: Some(30),
-        expect_metric: Some("registry.sequences"),
-        also: &["registry.", "check.", "jemalloc.", "proc.rss", "proc.anon_", "proc.pte"],
-    },
-    Case {
-        scenario: "aborts",
-        inject: Some("abort-keeps-blocks"),
-        plant: None,
-        quick_iterations: Some(30),
-        expect_metric: Some("registry.kv.blocks_used"),
-        also: &["registry.", "check."],
-    },
-    Case {
-        scenario: "rl-rollout",
-        inject: Some("sleep-keeps-kv"),
-        plant: None,
-        quick_iterations: Some(30),
-        expect_metric: Some("registry.kv_pools"),
-        // The pools kept are the engine's KV pool bytes too: that gauge grows with them.
-        also: &["jemalloc.", "proc.rss", "proc.anon_", "proc.pte", "engine.kv_pool_bytes"],
-    },
-    Case {
-        scenario: "n-sampling",
-        inject: Some("untracked-heap"),
-        plant: None,
-        quick_iterations: Some(60),
-        expect_metric: Some("jemalloc.allocated"),
-        also: HEAP,
-    },
-    Case {
-        scenario: "multimodal-repeat",
-        inject: Some("registry-retains-finished"),
-        plant: None,
-        quick_iterations: Some(30),
-        expect_metric: Some("registry.requests"),
-        also: HEAP,
-    },
-    Case {
-        scenario: "aborts",
-        inject: Some("encoder-cache-abort"),
-        plant: None,
-        quick_iterations: Some(30),
-        expect_metric: Some("registry.encoder_cache.refs"),
-        also: &["registry.encoder_cache.", "jemalloc.", "proc.rss", "proc.anon_", "proc.pte"],
-    },
-    Case {
-        scenario: "pd-transfer",
-        inject: Some("pd-mmap-hook"),
-        plant: None,
-        quick_iterations: Some(60),
-        expect_metric: Some("proc.anon_outside_heap"),
-        also: HEAP,
-    },
-    Case {
-        scenario: "pd-transfer",
-        inject: Some("pd-prefill-hold"),
-        plant: None,
-        quick_iterations: Some(30),
-        expect_metric: Some("prefill.registry.pd.held"),
-        also: &[
-            "prefill.registry.",
-            "prefill.check.",
-            "decode.registry.",
-            "jemalloc.",
-            "proc.rss",
-            "proc.anon_",
-            "proc.pte",
-        ],
-    },
-    Case {
-        scenario: "pd-transfer",
-        inject: Some("pd-handles"),
-        plant: None,
-        quick_iterations: Some(30),
-        expect_metric: Some("prefill.registry.pd.handles"),
-        also: HEAP,
-    },
-    Case {
-        scenario: "pd-transfer",
-        inject: Some("pd-sender-on-abort"),
-        plant: None,
-        quick_iterations: Some(60),
-        expect_metric: Some("jemalloc.allocated"),
-        also: HEAP,
-    },
+    caught("n-sampling", "registry-retains-finished", Some(30), "registry.requests", HEAP),
+    caught(
+        "aborts",
+        "n-abort-orphans",
+        Some(30),
+        "registry.sequences",
+        &["registry.", "check.", "jemalloc.", "proc.rss", "proc.anon_", "proc.pte"],
+    ),
+    caught("aborts", "abort-keeps-blocks", Some(30), "registry.kv.blocks_used", &["registry.", "check."]),
+    // The pools kept are the engine's KV pool bytes too: that gauge grows with them.
+    caught(
+        "rl-rollout",
+        "sleep-keeps-kv",
+        Some(30),
+        "registry.kv_pools",
+        &["jemalloc.", "proc.rss", "proc.anon_", "proc.pte", "engine.kv_pool_bytes"],
+    ),
+    caught("n-sampling", "untracked-heap", Some(60), "jemalloc.allocated", HEAP),
+    caught("multimodal-repeat", "registry-retains-finished", Some(30), "registry.requests", HEAP),
+    caught(
+        "aborts",
+        "encoder-cache-abort",
+        Some(30),
+        "registry.encoder_cache.refs",
+        &["registry.encoder_cache.", "jemalloc.", "proc.rss", "proc.anon_", "proc.pte"],
+    ),
+    caught("pd-transfer", "pd-mmap-hook", Some(60), "proc.anon_outside_heap", HEAP),
+    caught(
+        "pd-transfer",
+        "pd-prefill-hold",
+        Some(30),
+        "prefill.registry.pd.held",
+        &["prefill.registry.", "prefill.check.", "decode.registry.", "jemalloc.", "proc.rss", "proc.anon_", "proc.pte"],
+    ),
+    caught("pd-transfer", "pd-handles", Some(30), "prefill.registry.pd.handles", HEAP),
+    caught("pd-transfer", "pd-sender-on-abort", Some(60), "jemalloc.allocated", HEAP),
     // A table that doubles under a heap that wobbles, in the workload closest to production: its
     // steps come at 28, 55 and 109 iterations, so it runs at the scenario's own length.
-    Case {
-        scenario: "mixed",
-        inject: Some("id-set-never-drained"),
-        plant: None,
-        quick_iterations: None,
-        expect_metric: Some("jemalloc.allocated"),
-        also: HEAP,
-    },
+    caught("mixed", "id-set-never-drained", None, "jemalloc.allocated", HEAP),
     // Correct caches pass where a real one would: clean cases, at their scenario's own length.
     planted("mixed", "bounded-cache"),
     planted("mixed", "cleared-buffer"),

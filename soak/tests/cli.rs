@@ -18,6 +18,14 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `plateau run ARGS... --out DIR --quiet`: a soak whose files go to `dir`.
+fn run_into(dir: &Path, args: &[&str]) -> Output {
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.extend(["--out", dir.to_str().unwrap(), "--quiet"]);
+    plateau(&all)
+}
+
 fn verdict(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join("verdict.json")).expect("verdict.json")).expect("json")
 }
@@ -58,7 +66,7 @@ fn clean_run_passes_and_writes_its_files() {
     let d = tmp("clean");
     // 100 iterations: 80 after warm-up, so that the page-level gauges, sampled at every fourth
     // quiescent point, have their 20 points.
-    let o = plateau(&["run", &scenario("n-sampling"), "--iterations", "100", "--out", d.to_str().unwrap(), "--quiet"]);
+    let o = run_into(&d, &[&scenario("n-sampling"), "--iterations", "100"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     for f in ["samples.jsonl", "verdict.json", "memory.svg", "memory.png", "counts.svg", "counts.png"] {
         assert!(d.join(f).exists(), "{f} missing");
@@ -127,17 +135,7 @@ fn pd_mmap_hook_is_reported_outside_the_heap_with_its_mapping() {
     std::fs::create_dir_all(&d).unwrap();
     std::fs::write(d.join(".plateau-run"), b"").unwrap();
     std::fs::write(d.join("growth.json"), b"{}").unwrap();
-    let o = plateau(&[
-        "run",
-        "pd-transfer",
-        "--iterations",
-        "60",
-        "--inject",
-        "pd-mmap-hook",
-        "--out",
-        d.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let o = run_into(&d, &["pd-transfer", "--iterations", "60", "--inject", "pd-mmap-hook"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let v = verdict(&d);
     let attribution: Vec<String> =
@@ -158,16 +156,7 @@ fn pd_mmap_hook_is_reported_outside_the_heap_with_its_mapping() {
 #[test]
 fn pd_across_processes_passes_clean_and_catches_the_mmap_hook_in_the_decode_process() {
     let d = tmp("pd-procs");
-    let o = plateau(&[
-        "run",
-        "pd-transfer",
-        "--pd-processes",
-        "--iterations",
-        "100",
-        "--out",
-        d.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let o = run_into(&d, &["pd-transfer", "--pd-processes", "--iterations", "100"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let samples = std::fs::read_to_string(d.join("samples.jsonl")).unwrap();
     assert!(samples.lines().next().unwrap().contains("decode.proc.anon_outside_heap"), "role-prefixed process metrics");
@@ -181,18 +170,7 @@ fn pd_across_processes_passes_clean_and_catches_the_mmap_hook_in_the_decode_proc
         .collect();
     assert!(!outside.is_empty() && outside.iter().all(|v| *v >= 0.0), "{outside:?}");
     let d = tmp("pd-procs-mmap");
-    let o = plateau(&[
-        "run",
-        "pd-transfer",
-        "--pd-processes",
-        "--iterations",
-        "60",
-        "--inject",
-        "pd-mmap-hook",
-        "--out",
-        d.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let o = run_into(&d, &["pd-transfer", "--pd-processes", "--iterations", "60", "--inject", "pd-mmap-hook"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let v = verdict(&d);
     let failing = failing(&v);
@@ -297,7 +275,7 @@ fn bad_samples_files_exit_2_naming_line_and_field() {
 #[test]
 fn too_little_evidence_is_inconclusive_exit_4_everywhere() {
     let d = tmp("short");
-    let o = plateau(&["run", "n-sampling", "--iterations", "10", "--out", d.to_str().unwrap(), "--quiet"]);
+    let o = run_into(&d, &["n-sampling", "--iterations", "10"]);
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     let v = verdict(&d);
     assert_eq!(v["verdict"], "inconclusive");
@@ -381,24 +359,13 @@ fn until_decided_goes_on_while_undecided_and_says_so_at_its_cap() {
     let n = scenario("n-sampling");
     // 30 iterations leave a page-level gauge too few points after warm-up: undecided (exit 4).
     let d = tmp("until-decided");
-    let o = plateau(&["run", &n, "--iterations", "30", "--until-decided", "--out", d.to_str().unwrap(), "--quiet"]);
+    let o = run_into(&d, &[&n, "--iterations", "30", "--until-decided"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v = verdict(&d);
     let warnings = v["warnings"].to_string();
     assert!(warnings.contains("--until-decided: went on from 30 to 50 iterations"), "{warnings}");
     let capped = tmp("until-decided-cap");
-    let o = plateau(&[
-        "run",
-        &n,
-        "--iterations",
-        "30",
-        "--until-decided",
-        "--max-iterations",
-        "35",
-        "--out",
-        capped.to_str().unwrap(),
-        "--quiet",
-    ]);
+    let o = run_into(&capped, &[&n, "--iterations", "30", "--until-decided", "--max-iterations", "35"]);
     assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
     let warnings = verdict(&capped)["warnings"].to_string();
     assert!(warnings.contains("went on from 30 to 35 iterations; still undecided at the cap of 35"), "{warnings}");
