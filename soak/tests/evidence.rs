@@ -192,20 +192,17 @@ fn a_negative_byte_count_in_samples_is_bad_input_naming_line_and_field() {
 
 /// A server that breaks the contract on purpose: MODE `garbage` answers completions 200 with a
 /// body that is not an event stream, `one-choice` streams one choice whatever n asks, `start500`
-/// answers /v1/models with 500 (its /health says it is up).
-const BROKEN_SERVER: &str = r#"
-import json, sys
-from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
+/// answers /v1/models with 500 (its /health says it is up), `one-left-out` leaves choice 0 out
+/// of the stream of its 7th request (as vLLM 0.8.5 leaves out a choice that ends at its first
+/// token) and answers the rest whole.
+const BROKEN_SERVER: &str = concat!(
+    include_str!("common/stub_server.py"),
+    r#"
+import itertools
 MODE = sys.argv[2]
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def log_message(self, *a): pass
-    def reply(self, code, body, kind="application/json"):
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+POSTS = itertools.count(1)
+
+class H(Stub):
     def do_GET(self):
         if self.path == "/v1/models":
             if MODE == "start500":
@@ -215,17 +212,16 @@ class H(BaseHTTPRequestHandler):
             return self.reply(200, b'{}')
         self.reply(404, b'{}')
     def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+        req = json.loads(self.body())
         if MODE == "garbage":
             return self.reply(200, b'{"choices": [ garbage')
         n = 1 if MODE == "one-choice" else req.get("n", 1)
-        events = b"".join(
-            b"data: " + json.dumps({"choices": [{"index": k, "text": " a", "finish_reason": None}]}).encode() + b"\n\n"
-            for _ in range(req.get("max_tokens", 4)) for k in range(n)) + b"data: [DONE]\n\n"
-        self.reply(200, events, "text/event-stream")
-ThreadingHTTPServer.daemon_threads = True
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
-"#;
+        left_out = (0,) if MODE == "one-left-out" and next(POSTS) == 7 else ()
+        self.stream(n, req.get("max_tokens", 4), left_out)
+
+serve(H)
+"#
+);
 
 #[test]
 #[cfg_attr(not(plateau_python3), ignore = "no python3 on this machine: the broken server is a Python script")]
@@ -235,7 +231,7 @@ fn a_target_that_does_no_work_is_a_target_failure_never_a_pass() {
     std::fs::write(&script, BROKEN_SERVER).unwrap();
     for (mode, want) in [
         ("garbage", "with a body that is not the event stream asked for"),
-        ("one-choice", "with 1 of the n = 2 choices asked for (it ignores n)"),
+        ("one-choice", "3 of the 3 streams that asked for more than one choice (n > 1) ended short of the choices asked for: the target ignores n"),
         ("start500", "/v1/models answered 500"),
     ] {
         let port = free_port();
@@ -258,6 +254,36 @@ fn a_target_that_does_no_work_is_a_target_failure_never_a_pass() {
         assert_eq!(o.status.code(), Some(3), "{mode}: {}", text(&o));
         assert!(text(&o).contains(want), "{mode}: {}", text(&o));
     }
+}
+
+#[test]
+#[cfg_attr(not(plateau_python3), ignore = "no python3 on this machine: the broken server is a Python script")]
+fn a_server_that_leaves_one_choice_out_once_is_judged_and_the_short_stream_said() {
+    let d = tmp("one-left-out");
+    let script = d.join("broken.py");
+    std::fs::write(&script, BROKEN_SERVER).unwrap();
+    let port = free_port();
+    let (url, spawn) = (format!("http://127.0.0.1:{port}"), format!("python3 {} {port} one-left-out", s(&script)));
+    let out = d.join("run");
+    let o = plateau(&[
+        "run",
+        "n-sampling",
+        "--iterations",
+        "30",
+        "--quiet",
+        "--no-replay",
+        "--out",
+        s(&out),
+        "--target",
+        &url,
+        "--spawn",
+        &spawn,
+    ]);
+    // Judged, whatever the verdict: a run that did the work ends 0, 1 or 4, never 3.
+    assert_ne!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(out.join("verdict.json").exists(), "{}", text(&o));
+    let said = "1 of the 600 streams that asked for n > 1 ended without one of their choices";
+    assert!(text(&o).contains(said), "{}", text(&o));
 }
 
 #[test]

@@ -124,6 +124,11 @@ pub struct AbortCounts {
     pub invalid_refused: u64,
     /// Invalid requests an external target answered 2xx (it took what it should have refused).
     pub invalid_accepted: u64,
+    /// Completed streams of an external target that asked for more than one choice (`n > 1`).
+    pub multi_choice: u64,
+    /// Of those, the streams that never carried one of the choices asked for (some servers leave
+    /// out a choice that ends at its first token; one that ignores `n` leaves out all but one).
+    pub short_of_choices: u64,
 }
 
 /// How long a run goes: its iteration limit ([`MAX_ITERATIONS`] for a run bound by duration

@@ -36,9 +36,9 @@ pub enum Action {
 /// How a request ended, from the client's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    Completed {
-        chunks: u32,
-    },
+    /// Streamed to its end: `chunks` with text; `missing` of the `n` choices asked for never
+    /// appeared in it (see [`crate::short_streams`]).
+    Completed { chunks: u32, n: u32, missing: u32 },
     /// Closed by the client as its action said.
     Aborted,
     /// Ended before the client's abort point (it finished first).
@@ -305,12 +305,14 @@ async fn read_stream(mut resp: reqwest::Response, action: Action, url: &str, n: 
             }
         }
     }
-    if let Some(why) = choices.short_of(n) {
-        return Err(ClientError::Server(format!("POST {url}: the stream ended {why}: an error of the target")));
+    if choices.events == 0 {
+        return Err(ClientError::Server(format!(
+            "POST {url}: the stream ended with no choice in it (no token, no finish): an error of the target"
+        )));
     }
     Ok(match close_at {
         Some(_) => Outcome::EndedFirst,
-        None => Outcome::Completed { chunks },
+        None => Outcome::Completed { chunks, n, missing: choices.missing(n) },
     })
 }
 
@@ -336,15 +338,11 @@ impl ChoicesSeen {
         }
     }
 
-    /// What a finished stream lacks for `n` choices, if anything.
-    fn short_of(&self, n: u32) -> Option<String> {
-        if self.events == 0 {
-            return Some("with no choice in it (no token, no finish)".to_string());
-        }
+    /// How many of the `n` choices a stream asked for it never carried.
+    fn missing(&self, n: u32) -> u32 {
         let want = n.clamp(1, Self::TRACKED);
-        let seen = self.indexes.count_ones();
         let all = if want == Self::TRACKED { u128::MAX } else { (1u128 << want) - 1 };
-        (self.indexes & all != all).then(|| format!("with {seen} of the n = {n} choices asked for (it ignores n)"))
+        want - (self.indexes & all).count_ones()
     }
 }
 

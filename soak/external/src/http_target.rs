@@ -16,7 +16,7 @@ use plateau_reports::MetricSpec;
 use super::client::{Action, Client, Outcome};
 use super::mapping::{self, Mapping};
 use super::REQUESTS;
-use super::{client_err, death, fetch_metrics, gpu, is_page_level, target, tree, ExternalOptions, POLL};
+use super::{client_err, death, fetch_metrics, gpu, is_page_level, short_streams, target, tree, ExternalOptions, POLL};
 use plateau_driver::plan::{self, Send};
 use plateau_driver::sink::Sink;
 use plateau_driver::target::{Finish, Probe, Shape, Target, WindowEdge};
@@ -181,7 +181,13 @@ impl Http<'_> {
             stream::iter(sends.iter()).map(|(r, a)| client.send(r, *a)).buffer_unordered(self.ext.concurrency.max(1));
         while let Some(r) = results.next().await {
             match r.map_err(client_err)? {
-                Outcome::Completed { .. } => self.aborts.completed += 1,
+                Outcome::Completed { n, missing, .. } => {
+                    self.aborts.completed += 1;
+                    short_streams::count(&mut self.aborts, n, missing);
+                    if let Some(why) = short_streams::ignores_n(&self.aborts, false) {
+                        return Err(RunError::Harness(format!("{}: {why}", self.client.base())));
+                    }
+                }
                 Outcome::Aborted => self.aborts.aborted += 1,
                 Outcome::EndedFirst => self.aborts.missed += 1,
                 Outcome::Refused => self.aborts.invalid_refused += 1,

@@ -36,6 +36,7 @@ pub mod tree;
 
 mod http_target;
 mod memray;
+pub mod short_streams;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -317,8 +318,20 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         memray_pids: Vec::new(),
     };
     let r = run_with(scenario, opts, plan, &mut HttpTarget { runtime, http })?;
-    if r.aborts.completed == 0 && !r.verdict.failed() {
-        // Memory that stays level while nothing is served says nothing about serving.
+    did_the_work(r)
+}
+
+/// A run that did not fail, kept only where the target did the work its scenario sent: memory
+/// that stays level while nothing is served, or while a server ignores `n`, says nothing about
+/// serving. A run that failed is kept as it is (its growth was seen whatever the work).
+fn did_the_work(r: RunResult) -> Result<RunResult, RunError> {
+    if r.verdict.failed() {
+        return Ok(r);
+    }
+    if let Some(why) = short_streams::ignores_n(&r.aborts, true) {
+        return Err(RunError::Harness(format!("{why}; results in {}", r.out_dir.display())));
+    }
+    if r.aborts.completed == 0 {
         return Err(RunError::Harness(format!(
             "the target completed no request in {} iterations ({} aborted, {} refused as invalid): a run in which the target did no work is never judged a pass; results in {}",
             r.iterations,

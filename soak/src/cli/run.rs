@@ -340,6 +340,9 @@ struct Finish<'a> {
 /// A finished run: its failing heap replayed to name the line (unless --no-replay), its verdict
 /// and figures said, the CI files written, and its exit code.
 fn finish(mut r: driver::RunResult, opts: &RunOptions, f: Finish) -> u8 {
+    if let Some(w) = plateau_soak::external::short_streams::warning(&r.aborts) {
+        eprintln!("plateau: warning: {w}");
+    }
     let named = match f.target_url {
         _ if f.no_replay => None,
         None => super::sites::heap_sites(&mut r, opts, f.profile),

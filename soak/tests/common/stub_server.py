@@ -23,10 +23,11 @@ class Stub(BaseHTTPRequestHandler):
     def body(self):
         return self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}"
 
-    def stream(self, n, max_tokens):
+    def stream(self, n, max_tokens, left_out=()):
+        """Streams `max_tokens` tokens of each of `n` choices, but those in `left_out`."""
         events = b"".join(
             b"data: " + json.dumps({"choices": [{"index": k, "text": " a", "finish_reason": None}]}).encode() + b"\n\n"
-            for _ in range(max_tokens) for k in range(n)) + b"data: [DONE]\n\n"
+            for _ in range(max_tokens) for k in range(n) if k not in left_out) + b"data: [DONE]\n\n"
         self.reply(200, events, "text/event-stream")
 
 
