@@ -223,49 +223,15 @@ serve(H)
 "#
 );
 
-#[test]
-#[cfg_attr(not(plateau_python3), ignore = "no python3 on this machine: the broken server is a Python script")]
-fn a_target_that_does_no_work_is_a_target_failure_never_a_pass() {
-    let d = tmp("no-work");
-    let script = d.join("broken.py");
-    std::fs::write(&script, BROKEN_SERVER).unwrap();
-    for (mode, want) in [
-        ("garbage", "with a body that is not the event stream asked for"),
-        ("one-choice", "3 of the 3 streams that asked for more than one choice (n > 1) ended short of the choices asked for: the target ignores n"),
-        ("start500", "/v1/models answered 500"),
-    ] {
-        let port = free_port();
-        let (url, spawn) = (format!("http://127.0.0.1:{port}"), format!("python3 {} {port} {mode}", s(&script)));
-        let out = d.join(mode);
-        let o = plateau(&[
-            "run",
-            "n-sampling",
-            "--iterations",
-            "30",
-            "--quiet",
-            "--no-replay",
-            "--out",
-            s(&out),
-            "--target",
-            &url,
-            "--spawn",
-            &spawn,
-        ]);
-        assert_eq!(o.status.code(), Some(3), "{mode}: {}", text(&o));
-        assert!(text(&o).contains(want), "{mode}: {}", text(&o));
-    }
-}
-
-#[test]
-#[cfg_attr(not(plateau_python3), ignore = "no python3 on this machine: the broken server is a Python script")]
-fn a_server_that_leaves_one_choice_out_once_is_judged_and_the_short_stream_said() {
-    let d = tmp("one-left-out");
-    let script = d.join("broken.py");
+/// 30 iterations of n-sampling against [`BROKEN_SERVER`] in `mode`, spawned by plateau, into
+/// `dir/mode`.
+fn soak_broken(dir: &Path, mode: &str) -> Output {
+    let script = dir.join("broken.py");
     std::fs::write(&script, BROKEN_SERVER).unwrap();
     let port = free_port();
-    let (url, spawn) = (format!("http://127.0.0.1:{port}"), format!("python3 {} {port} one-left-out", s(&script)));
-    let out = d.join("run");
-    let o = plateau(&[
+    let (url, spawn) = (format!("http://127.0.0.1:{port}"), format!("python3 {} {port} {mode}", s(&script)));
+    let out = dir.join(mode);
+    plateau(&[
         "run",
         "n-sampling",
         "--iterations",
@@ -278,7 +244,30 @@ fn a_server_that_leaves_one_choice_out_once_is_judged_and_the_short_stream_said(
         &url,
         "--spawn",
         &spawn,
-    ]);
+    ])
+}
+
+#[test]
+#[cfg_attr(not(plateau_python3), ignore = "no python3 on this machine: the broken server is a Python script")]
+fn a_target_that_does_no_work_is_a_target_failure_never_a_pass() {
+    let d = tmp("no-work");
+    for (mode, want) in [
+        ("garbage", "with a body that is not the event stream asked for"),
+        ("one-choice", "3 of the 3 streams that asked for more than one choice (n > 1) ended short of the choices asked for: the target ignores n"),
+        ("start500", "/v1/models answered 500"),
+    ] {
+        let o = soak_broken(&d, mode);
+        assert_eq!(o.status.code(), Some(3), "{mode}: {}", text(&o));
+        assert!(text(&o).contains(want), "{mode}: {}", text(&o));
+    }
+}
+
+#[test]
+#[cfg_attr(not(plateau_python3), ignore = "no python3 on this machine: the broken server is a Python script")]
+fn a_server_that_leaves_one_choice_out_once_is_judged_and_the_short_stream_said() {
+    let d = tmp("one-left-out");
+    let o = soak_broken(&d, "one-left-out");
+    let out = d.join("one-left-out");
     // Judged, whatever the verdict: a run that did the work ends 0, 1 or 4, never 3.
     assert_ne!(o.status.code(), Some(3), "{}", text(&o));
     assert!(out.join("verdict.json").exists(), "{}", text(&o));
