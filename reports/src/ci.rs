@@ -192,6 +192,7 @@ mod tests {
             projected: None,
             sites: Vec::new(),
             needs_iterations: None,
+            explained_share: None,
         }
     }
 

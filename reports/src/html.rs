@@ -348,6 +348,7 @@ mod tests {
             projected: None,
             sites: vec![],
             needs_iterations: None,
+            explained_share: None,
         }
     }
 

@@ -73,6 +73,31 @@ pub struct Trend {
 /// an allocation site whose live bytes grew.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Site {
+    /// An allocation site as a person reads it: `FILE:LINE FUNCTION` (the file relative to its
+    /// package: `vllm/v1/core/sched/scheduler.py`, `engine/src/output.rs`) or `LIBRARY!FUNCTION`
+    /// for native code with no source line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+    /// What the site's own series was judged: `leak` (its live bytes grow with the work and do not
+    /// level off), `fill` (they levelled off, turn over, or its new allocations die away), or
+    /// `undecided`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// The site's growth per request over the judged window (its judged slope).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_request: Option<f64>,
+    /// The site's share (0..1) of the gauge's growth over the judged window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<f64>,
+    /// A site's live bytes at the end of the run, and for a fill where it levels off (its level,
+    /// or where its dying rate takes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_bytes: Option<f64>,
+    /// What the site's judgement said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<String>,
     pub file: String,
@@ -92,8 +117,12 @@ pub struct Site {
 }
 
 impl Site {
-    /// `file:line (function)`, or `file:line` when the function is not known.
+    /// `file:line (function)`, or `file:line` when the function is not known; an allocation site
+    /// by its name.
     pub fn place(&self) -> String {
+        if let Some(site) = &self.site {
+            return site.clone();
+        }
         let f = self.function.as_deref().map(|f| format!(" ({f})")).unwrap_or_default();
         format!("{}:{}{f}", self.file, self.line)
     }
@@ -138,6 +167,10 @@ pub struct MetricVerdict {
     /// step of a staircase is overdue); `run --until-decided` goes on to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub needs_iterations: Option<u64>,
+    /// The share (0..1) of a gauge's growth over its judged window that its recorded allocation
+    /// sites (`sites`) account for; absent where no site was recorded for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub explained_share: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -292,7 +325,12 @@ impl Verdict {
                 check(format!("{}.sites.bytes_per_iter", m.name), s.bytes_per_iter);
                 check(format!("{}.sites.bytes_per_request", m.name), s.bytes_per_request);
                 check(format!("{}.sites.objects_per_iter", m.name), s.objects_per_iter);
+                check(format!("{}.sites.per_request", m.name), s.per_request);
+                check(format!("{}.sites.share", m.name), s.share);
+                check(format!("{}.sites.size_bytes", m.name), s.size_bytes);
+                check(format!("{}.sites.bound_bytes", m.name), s.bound_bytes);
             }
+            check(format!("{}.explained_share", m.name), m.explained_share);
         }
         bad.into_iter().next()
     }

@@ -25,6 +25,7 @@ pub use plateau_scenario as scenario;
 pub use plateau_scenario::workload;
 pub use plateau_search as shrink;
 pub use plateau_serve as serve;
+pub use plateau_sites as sites;
 
 pub mod environment;
 pub mod selftest;

@@ -103,6 +103,14 @@ pub fn explain(dir: &Path) -> Result<(String, Verdict), String> {
 fn write_sites(out: &mut String, sites: &[plateau_reports::Site]) {
     for s in sites {
         let f = s.function.as_deref().map(|f| format!(" in {f}")).unwrap_or_default();
+        if let (Some(name), Some(kind)) = (&s.site, &s.kind) {
+            // An allocation site judged by its own series (sites.jsonl).
+            let rate = s.per_request.map(|r| format!(", {}/request", fmt_value(r, "bytes"))).unwrap_or_default();
+            let share = s.share.map(|x| format!(", {:.0}% of the growth", 100.0 * x)).unwrap_or_default();
+            let held = s.size_bytes.map(|b| format!(", {} held", fmt_value(b, "bytes"))).unwrap_or_default();
+            let _ = writeln!(out, "  {kind} at {name}{rate}{share}{held}");
+            continue;
+        }
         match (s.count, s.bytes_per_iter) {
             (Some(n), _) => {
                 let _ = writeln!(

@@ -34,7 +34,7 @@ pub fn judge_run(samples: &Path, overrides: &Overrides) -> Result<(Samples, Verd
 
 /// The files beside a run's samples that its verdict may use: each is hashed in the verdict's
 /// evidence when it was there.
-pub const EVIDENCE_FILES: [&str; 3] = ["growth.json", "residues.json", "mappings.json"];
+pub const EVIDENCE_FILES: [&str; 4] = ["growth.json", "residues.json", "mappings.json", plateau_sites::SITES_FILE];
 
 /// A file beside the samples, read once: its SHA-256 goes into `files` (by name) and its JSON is
 /// returned, when it is there and reads.
@@ -48,6 +48,21 @@ fn read_evidence<T: serde::de::DeserializeOwned>(
             .ok()?;
     files.insert(name.to_string(), sha256_hex(&bytes));
     serde_json::from_slice(&bytes).ok()
+}
+
+/// The run's sites.jsonl beside the samples, when it is there: its SHA-256 goes into `files`. A
+/// sites file that does not read is an input error naming its line and field, as a samples file's.
+fn read_sites(
+    samples: &Path,
+    files: &mut std::collections::BTreeMap<String, String>,
+) -> Result<Option<plateau_sites::SiteLog>, String> {
+    let path = samples.with_file_name(plateau_sites::SITES_FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let bytes = plateau_reports::fsutil::read_input(&path, plateau_sites::record::MAX_FILE_BYTES)?;
+    files.insert(plateau_sites::SITES_FILE.to_string(), sha256_hex(&bytes));
+    plateau_sites::SiteLog::parse(&bytes[..]).map(Some).map_err(|e| format!("{}:{e}", path.display()))
 }
 
 /// SHA-256 of `bytes`, in hex.
@@ -81,8 +96,15 @@ fn judge_bytes(s: &Samples, samples_bytes: &[u8], samples: &Path, overrides: &Ov
             })
         })
         .collect();
-    let mut v = plateau_detector::judge_with_evidence(s, overrides, &live_heap)
-        .map_err(|e| format!("{}: {e}", samples.display()))?;
+    let sites = read_sites(samples, &mut files)?;
+    let evidence = sites.as_ref().map(|log| plateau_sites::SiteEvidence { log });
+    let mut v = plateau_detector::judge_with_sites(
+        s,
+        overrides,
+        &live_heap,
+        evidence.as_ref().map(|e| e as &dyn plateau_detector::GaugeEvidence),
+    )
+    .map_err(|e| format!("{}: {e}", samples.display()))?;
     if let Some(residues) = read_evidence::<Vec<Residue>>(samples, "residues.json", &mut files) {
         name_insertion_sites(&residues, &mut v);
     }
@@ -165,9 +187,12 @@ fn stale(v: &Verdict, dir: &Path, samples_sha256: &str) -> Option<String> {
         return Some(format!("it was judged with {} (not the run's own settings)", v.overrides.join(" ")));
     }
     for name in EVIDENCE_FILES {
-        let now = plateau_reports::fsutil::read_input(&dir.join(name), plateau_reports::fsutil::RUN_FILE_BYTES)
-            .ok()
-            .map(|b| sha256_hex(&b));
+        let limit = if name == plateau_sites::SITES_FILE {
+            plateau_sites::record::MAX_FILE_BYTES
+        } else {
+            plateau_reports::fsutil::RUN_FILE_BYTES
+        };
+        let now = plateau_reports::fsutil::read_input(&dir.join(name), limit).ok().map(|b| sha256_hex(&b));
         if now.as_ref() != e.files.get(name) {
             let was = e.files.get(name).map_or("absent".to_string(), |h| short_hash(h));
             let is = now.as_deref().map_or("absent".to_string(), short_hash);
@@ -387,6 +412,7 @@ pub fn write_verdict(dir: &Path, v: &Verdict) -> std::io::Result<()> {
 /// is not judging.
 pub fn draw(dir: &Path, s: &Samples, v: &Verdict, baseline: Option<&BaselineRun>) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
+    draw_site_growth(dir, v);
     if let Err(e) = plateau_reports::plot::plot_run(s, v, dir) {
         eprintln!("plateau: warning: plots in {} not drawn: {e}", dir.display());
     }
@@ -404,6 +430,20 @@ pub fn draw(dir: &Path, s: &Samples, v: &Verdict, baseline: Option<&BaselineRun>
     };
     let html = plateau_reports::html::report_html(&input).map_err(std::io::Error::other)?;
     write_atomic(&dir.join("report.html"), html.as_bytes())
+}
+
+/// The growth files (growth.txt, growth.pb.gz, growth.svg) of the first failing gauge's sites,
+/// drawn from the run's sites.jsonl (a run whose sites a profiled replay named has them from
+/// there, with its growth.json: left as they are).
+fn draw_site_growth(dir: &Path, v: &Verdict) {
+    let path = dir.join(plateau_sites::SITES_FILE);
+    if !path.exists() || dir.join("growth.json").exists() {
+        return;
+    }
+    let drawn = plateau_sites::SiteLog::read(&path).and_then(|log| plateau_profile::sites_growth::write(dir, &log, v));
+    if let Err(e) = drawn {
+        eprintln!("plateau: warning: growth files in {} not drawn: {e}", dir.display());
+    }
 }
 
 /// A short human summary of a verdict: the summary line, then each failing or undecided metric.

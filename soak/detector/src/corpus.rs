@@ -263,7 +263,7 @@ fn frozen_resolution(n: u64, seed: u64) -> f64 {
 pub fn resolution(c: &Case) -> f64 {
     let s = c.samples();
     let cfg = DetectorConfig { warmup_iterations: warmup(c.n), tolerance: Tolerance::default(), ..Default::default() };
-    analyze(&s, &cfg, None).metrics[0].trend.as_ref().and_then(|t| t.resolution_per_iter).unwrap_or(64.0)
+    analyze(&s, &cfg, None, None).metrics[0].trend.as_ref().and_then(|t| t.resolution_per_iter).unwrap_or(64.0)
 }
 
 /// A shape: its label, the metric it changes, and what it adds at iteration `i` (1-based) of `n`.

@@ -6,7 +6,7 @@
 use plateau_reports::{EndState, RunEnd, Samples, Status, Verdict};
 
 use super::verdict::analyze;
-use super::{evidence, warmup_rule, DetectorConfig, LiveHeap, Per, Tolerance};
+use super::{evidence, warmup_rule, DetectorConfig, GaugeEvidence, LiveHeap, Per, Tolerance};
 
 /// How a verdict's warning marks a run that `--stop-on-exact-failure` ended before its planned
 /// length (a shrink replays such a run at the length it planned).
@@ -50,6 +50,17 @@ pub fn judge_with(s: &Samples, o: &Overrides) -> Result<Verdict, String> {
 /// [`judge_with`], weighing what profiled replays of the run showed of live heaps (the run's
 /// growth.json, read by the soak's `analysis::judge_run`): evidence the run left on disk.
 pub fn judge_with_evidence(s: &Samples, o: &Overrides, live_heap: &[LiveHeap]) -> Result<Verdict, String> {
+    judge_with_sites(s, o, live_heap, None)
+}
+
+/// [`judge_with_evidence`], with the evidence of allocation sites beside the samples
+/// ([`GaugeEvidence`]: the run's sites.jsonl, read by the soak's `analysis::judge_run`).
+pub fn judge_with_sites(
+    s: &Samples,
+    o: &Overrides,
+    live_heap: &[LiveHeap],
+    sites: Option<&dyn GaugeEvidence>,
+) -> Result<Verdict, String> {
     let recorded = s
         .header
         .tolerance
@@ -64,7 +75,7 @@ pub fn judge_with_evidence(s: &Samples, o: &Overrides, live_heap: &[LiveHeap]) -
     let cfg =
         DetectorConfig { warmup_iterations, tolerance, live_heap: live_heap.to_vec(), ..DetectorConfig::default() };
     let unfinished = unfinished(s);
-    let mut v = analyze(s, &cfg, unfinished.as_deref());
+    let mut v = analyze(s, &cfg, unfinished.as_deref(), sites);
     if (o.tolerance.is_some() || recorded.is_some()) && v.requests_per_iter.is_none() && tolerance.per == Per::Request {
         return Err(format!(
             "tolerance {tolerance}: the samples count no requests (no counter with the role `requests` in the header), so a tolerance per request cannot be applied; give it per iteration"

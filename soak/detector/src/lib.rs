@@ -42,9 +42,11 @@ pub use plateau_reports::tolerance;
 mod trend;
 mod verdict;
 
-use plateau_reports::{MetricSpec, MetricVerdict, Status};
+use plateau_reports::{MetricSpec, MetricVerdict, Samples, Status};
 
-pub use judge::{judge, judge_with, judge_with_evidence, unfinished, Overrides, STOPPED_ON_EXACT_FAILURE};
+pub use judge::{
+    judge, judge_with, judge_with_evidence, judge_with_sites, unfinished, Overrides, STOPPED_ON_EXACT_FAILURE,
+};
 pub use live_heap::{window_rate, LiveHeap};
 pub use plateau_reports::tolerance::{Per, Tolerance, DEFAULT_WARMUP_ITERATIONS};
 
@@ -99,6 +101,22 @@ impl Default for DetectorConfig {
     }
 }
 
+/// Evidence beyond the samples that decides gauges, weighed once by the one judge after the
+/// trend layer and the relations the header declares, before where growth is said: the live
+/// bytes of each allocation site (plateau-sites), whose judgement names what a failing gauge's
+/// growth is made of, and can find it all fills.
+pub trait GaugeEvidence {
+    /// Amends the gauges of `metrics` (judged over `s` with `cfg`; `requests_per_iter` from the
+    /// run's request counter) and returns the lines the verdict's attribution gains.
+    fn amend(
+        &self,
+        s: &Samples,
+        metrics: &mut [MetricVerdict],
+        cfg: &DetectorConfig,
+        requests_per_iter: Option<f64>,
+    ) -> Vec<String>;
+}
+
 /// A metric's verdict with nothing decided yet.
 pub(crate) fn blank(name: &str, spec: &MetricSpec, status: Status, reason: String) -> MetricVerdict {
     MetricVerdict {
@@ -115,6 +133,7 @@ pub(crate) fn blank(name: &str, spec: &MetricSpec, status: Status, reason: Strin
         projected: None,
         sites: Vec::new(),
         needs_iterations: None,
+        explained_share: None,
     }
 }
 

@@ -32,7 +32,7 @@ fn undeclared(gauges: &[(&str, &dyn Fn(u64) -> f64)]) -> Samples {
 }
 
 fn verdict_of(s: &Samples, name: &str) -> MetricVerdict {
-    let v = analyze(s, &DetectorConfig::default(), None);
+    let v = analyze(s, &DetectorConfig::default(), None, None);
     v.metrics.into_iter().find(|m| m.name == name).expect("judged")
 }
 

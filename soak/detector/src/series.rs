@@ -51,11 +51,11 @@ pub struct Series<'a> {
 
 /// Iterations an undecided trend asks for when nothing in it says how many: half again as many
 /// as it has (rounded up to 50), so that its last half alone has as many points as the whole had.
-pub(crate) fn longer(last_iter: f64) -> u64 {
+pub fn longer(last_iter: f64) -> u64 {
     round_up_50(last_iter * 1.5)
 }
 
 /// A run length rounded up to a multiple of 50 iterations.
-pub(crate) fn round_up_50(iterations: f64) -> u64 {
+pub fn round_up_50(iterations: f64) -> u64 {
     ((iterations / 50.0).ceil() * 50.0) as u64
 }

@@ -54,7 +54,7 @@ fn jitter(i: u64, amp: f64) -> f64 {
 }
 
 fn status(s: &Samples) -> Status {
-    analyze(s, &DetectorConfig::default(), None).metrics[0].status
+    analyze(s, &DetectorConfig::default(), None, None).metrics[0].status
 }
 
 const BASE: f64 = 50.0 * 1024.0 * 1024.0;
@@ -66,7 +66,8 @@ fn flat_noisy_heap_passes() {
 
 #[test]
 fn one_kib_per_iteration_fails_within_500() {
-    let v = analyze(&gauge(500, |i| BASE + 1024.0 * i as f64 + jitter(i, 4096.0)), &DetectorConfig::default(), None);
+    let v =
+        analyze(&gauge(500, |i| BASE + 1024.0 * i as f64 + jitter(i, 4096.0)), &DetectorConfig::default(), None, None);
     let m = &v.metrics[0];
     assert_eq!(m.status, Status::Fail, "{}", m.reason);
     assert!(m.first_iter.unwrap() < 500);
@@ -114,7 +115,7 @@ fn counts_fail_on_a_few_descriptors_that_never_return() {
     // MIN_TAIL_QUANTA: one descriptor leaked every 25 iterations: 7 after warm-up, 3-4 in the
     // last half, with no floor of 16.
     let fds = with_spec(gauge(N, |i| 11.0 + (i / 25) as f64), "count", 1.0);
-    let v = analyze(&fds, &DetectorConfig::default(), None);
+    let v = analyze(&fds, &DetectorConfig::default(), None, None);
     assert_eq!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
     // One thread started once and kept: a step, not a leak.
     let once = with_spec(gauge(N, |i| 2.0 + (i >= 100) as u64 as f64), "count", 1.0);
@@ -137,12 +138,12 @@ fn a_rise_that_slows_to_a_persistent_rate_fails_and_a_fill_that_dies_away_passes
     // per request at 20 requests an iteration): the last half still rises, so it fails, however
     // much faster the first half rose.
     let s = gauge(N, |i| BASE + 4096.0 * i.min(110) as f64 + 200.0 * i.saturating_sub(110) as f64);
-    let v = analyze(&s, &DetectorConfig::default(), None);
+    let v = analyze(&s, &DetectorConfig::default(), None, None);
     assert_eq!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
     // A cache filling towards 4 MiB with a time constant of 24 iterations still rises in the last
     // half, but its rate dies away quarter by quarter: levelling off, not failed.
     let fill = gauge(N, |i| BASE + 4.0 * 1024.0 * 1024.0 * (1.0 - (-(i as f64) / 24.0).exp()) + jitter(i, 300.0));
-    let v = analyze(&fill, &DetectorConfig::default(), None);
+    let v = analyze(&fill, &DetectorConfig::default(), None, None);
     assert_ne!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
 }
 
@@ -150,7 +151,7 @@ fn a_rise_that_slows_to_a_persistent_rate_fails_and_a_fill_that_dies_away_passes
 fn growth_in_steps_never_passes() {
     // 1 MiB kept every 50 iterations: three steps after warm-up, equal spacing, no release.
     let chunks = gauge(N, |i| BASE + 1024.0 * 1024.0 * (i / 50) as f64);
-    let v = analyze(&chunks, &DetectorConfig::default(), None);
+    let v = analyze(&chunks, &DetectorConfig::default(), None, None);
     assert_eq!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
     assert!(v.metrics[0].reason.contains("steps"), "{}", v.metrics[0].reason);
     // A set of ids never drained (a table doubling at 7/8 full, 9 bytes a bucket): steps at
@@ -163,7 +164,7 @@ fn growth_in_steps_never_passes() {
         9.0 * b as f64
     };
     for n in [N, 500] {
-        let v = analyze(&gauge(n, |i| BASE + table(20 * i)), &DetectorConfig::default(), None);
+        let v = analyze(&gauge(n, |i| BASE + table(20 * i)), &DetectorConfig::default(), None, None);
         assert_ne!(v.metrics[0].status, Status::Pass, "n={n}: {}", v.metrics[0].reason);
     }
     // Two early steps (a scratch buffer grown to the peak batch twice), then level for good.
@@ -176,7 +177,7 @@ fn two_steps_not_yet_significant_are_inconclusive_with_the_length_needed() {
     // Steps at 60 and 150 in 200 iterations (a set doubling): not significant over the run, and
     // the next is not due until 240: undecided, and the reason says how long to run.
     let s = gauge(N, |i| BASE + 65536.0 * ((i >= 60) as u64 + 2 * (i >= 150) as u64) as f64 + noise(i, 3000.0));
-    let v = analyze(&s, &DetectorConfig::default(), None);
+    let v = analyze(&s, &DetectorConfig::default(), None, None);
     let m = &v.metrics[0];
     assert_ne!(m.status, Status::Pass, "{}", m.reason);
     if m.status == Status::Inconclusive {
@@ -189,13 +190,13 @@ fn two_steps_not_yet_significant_are_inconclusive_with_the_length_needed() {
 fn a_late_step_passes_and_a_step_that_keeps_climbing_fails() {
     // STEP_NOISE_SCALES, LEVEL_FRACTION: a one-off step at 80% of the run...
     let step = gauge(N, |i| BASE + jitter(i, 500.0) + if i >= 160 { 8.0 * 1024.0 * 1024.0 } else { 0.0 });
-    let v = analyze(&step, &DetectorConfig::default(), None);
+    let v = analyze(&step, &DetectorConfig::default(), None, None);
     assert_ne!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
     // ...and a step at half-way followed by steady growth.
     let climb = gauge(N, |i| {
         BASE + jitter(i, 500.0) + if i >= 100 { 8.0 * 1024.0 * 1024.0 + 4096.0 * (i - 100) as f64 } else { 0.0 }
     });
-    let v = analyze(&climb, &DetectorConfig::default(), None);
+    let v = analyze(&climb, &DetectorConfig::default(), None, None);
     assert_eq!(v.metrics[0].status, Status::Fail, "{}", v.metrics[0].reason);
     // A staircase of large chunks is not one step.
     let stairs = gauge(N, |i| BASE + jitter(i, 500.0) + 65536.0 * (i / 15) as f64);
@@ -206,9 +207,9 @@ fn a_late_step_passes_and_a_step_that_keeps_climbing_fails() {
 fn too_few_points_are_inconclusive() {
     // min_points: 19 judged points are not enough, 20 are.
     let cfg = DetectorConfig { warmup_iterations: 20, ..DetectorConfig::default() };
-    let v = analyze(&gauge(39, |i| BASE + 4096.0 * i as f64), &cfg, None);
+    let v = analyze(&gauge(39, |i| BASE + 4096.0 * i as f64), &cfg, None, None);
     assert_eq!((v.verdict, v.metrics[0].status), (Status::Inconclusive, Status::Inconclusive));
-    let v = analyze(&gauge(40, |i| BASE + 4096.0 * i as f64), &cfg, None);
+    let v = analyze(&gauge(40, |i| BASE + 4096.0 * i as f64), &cfg, None, None);
     assert_eq!(v.verdict, Status::Fail);
 }
 
@@ -219,7 +220,7 @@ fn the_verdict_does_not_depend_on_the_machine_speed() {
         for r in &mut s.rows {
             r.t = r.iter as f64 * dt;
         }
-        let v = analyze(&s, &DetectorConfig::default(), None);
+        let v = analyze(&s, &DetectorConfig::default(), None, None);
         (v.verdict, v.metrics[0].first_iter)
     };
     assert_eq!(leak(0.03), leak(10.0));
@@ -231,7 +232,7 @@ fn the_tolerance_is_per_iteration_or_per_request() {
     let s = with_requests(gauge(N, |i| BASE + 48.0 * i as f64), 20.0);
     let judge = |t: &str| {
         let cfg = DetectorConfig { tolerance: t.parse().unwrap(), ..DetectorConfig::default() };
-        let v = analyze(&s, &cfg, None);
+        let v = analyze(&s, &cfg, None, None);
         assert_eq!(v.requests_per_iter, Some(20.0));
         v.metrics.iter().find(|m| m.name == "g").unwrap().status
     };
@@ -244,7 +245,7 @@ fn the_tolerance_is_per_iteration_or_per_request() {
 
 #[test]
 fn every_judged_gauge_states_its_resolution_and_a_failure_its_cost() {
-    let v = analyze(&gauge(N, |i| BASE + jitter(i, 300.0) + 256.0 * i as f64), &DetectorConfig::default(), None);
+    let v = analyze(&gauge(N, |i| BASE + jitter(i, 300.0) + 256.0 * i as f64), &DetectorConfig::default(), None, None);
     let m = &v.metrics[0];
     let t = m.trend.as_ref().unwrap();
     assert!(t.resolution_per_iter.is_some_and(|r| r > 0.0 && r < 256.0), "{t:?}");
@@ -258,7 +259,7 @@ fn the_resolution_of_the_noise_and_what_the_tolerance_accepts_are_reported_apart
     // 60 B/iteration, far above what the noise alone resolves.
     let s = with_requests(gauge(N, |i| BASE + jitter(i, 8.0)), 20.0);
     let cfg = DetectorConfig { tolerance: "3B/request".parse().unwrap(), ..DetectorConfig::default() };
-    let v = analyze(&s, &cfg, None);
+    let v = analyze(&s, &cfg, None, None);
     let m = v.metrics.iter().find(|m| m.name == "g").unwrap();
     let t = m.trend.as_ref().unwrap();
     let noise = t.noise_resolution_per_iter.unwrap();
@@ -266,7 +267,7 @@ fn the_resolution_of_the_noise_and_what_the_tolerance_accepts_are_reported_apart
     assert!(noise < 30.0 && t.resolution_per_iter.is_some_and(|r| r >= 60.0), "{t:?}");
     assert!(m.reason.contains("noise alone") && m.reason.contains("tolerance accepts 60 B"), "{}", m.reason);
     // With no tolerance the two figures are one.
-    let v = analyze(&s, &DetectorConfig { tolerance: "0".parse().unwrap(), ..DetectorConfig::default() }, None);
+    let v = analyze(&s, &DetectorConfig { tolerance: "0".parse().unwrap(), ..DetectorConfig::default() }, None, None);
     let t = v.metrics.iter().find(|m| m.name == "g").unwrap().trend.clone().unwrap();
     assert_eq!(t.noise_resolution_per_iter, t.resolution_per_iter);
 }
@@ -310,7 +311,7 @@ fn two_late_steps_are_weighed_by_the_rate_they_imply_not_the_run_s_average() {
         "requests" => 25.0 * i as f64,
         _ => BASE + if i >= 120 { 2048.0 } else { 0.0 } + if i >= 170 { 2048.0 } else { 0.0 },
     });
-    let v = analyze(&s, &DetectorConfig::default(), None);
+    let v = analyze(&s, &DetectorConfig::default(), None, None);
     let m = v.metrics.iter().find(|m| m.name == "g").unwrap();
     assert_ne!(m.status, Status::Pass, "{}", m.reason);
     assert_ne!(v.verdict, Status::Pass);
@@ -320,7 +321,7 @@ fn two_late_steps_are_weighed_by_the_rate_they_imply_not_the_run_s_average() {
 fn a_rise_whose_last_half_still_climbs_but_not_significantly_is_undecided_and_a_level_one_passes() {
     // Growth early, then a last half level within its noise: levelled off, a pass.
     let level = gauge(N, |i| BASE + 4096.0 * (i.min(110) as f64) + noise(i, 2000.0));
-    let m = &analyze(&level, &DetectorConfig::default(), None).metrics[0];
+    let m = &analyze(&level, &DetectorConfig::default(), None, None).metrics[0];
     assert_eq!(m.status, Status::Pass, "{}", m.reason);
     assert!(m.reason.contains("levelled off"), "{}", m.reason);
     // Growth early, then a last half that still climbs 20 B/iteration under a slow wander of
@@ -330,7 +331,7 @@ fn a_rise_whose_last_half_still_climbs_but_not_significantly_is_undecided_and_a_
         let i = i as f64;
         BASE + 4096.0 * i.min(100.0) + 20.0 * (i - 100.0).max(0.0) + 1500.0 * (i * std::f64::consts::TAU / 60.0).sin()
     });
-    let m = &analyze(&wander, &DetectorConfig::default(), None).metrics[0];
+    let m = &analyze(&wander, &DetectorConfig::default(), None, None).metrics[0];
     assert_eq!(m.status, Status::Inconclusive, "{}", m.reason);
     assert!(m.reason.contains("undecided") && m.needs_iterations == Some(300), "{} {:?}", m.reason, m.needs_iterations);
 }
@@ -365,7 +366,7 @@ fn process_memory_whose_live_heap_did_not_grow_is_the_allocator_s_and_passes_onl
     };
     let judge = |s: &Samples, live: f64| {
         let cfg = DetectorConfig { live_heap: evidence(live), ..DetectorConfig::default() };
-        analyze(s, &cfg, None).metrics.into_iter().find(|m| m.name == "g").unwrap()
+        analyze(s, &cfg, None, None).metrics.into_iter().find(|m| m.name == "g").unwrap()
     };
     // Fragmentation that converges: each third adds less (a square root of the churn).
     let converging = gauge(N, |i| BASE + 64.0 * 1024.0 * (i as f64).sqrt());
@@ -379,7 +380,7 @@ fn process_memory_whose_live_heap_did_not_grow_is_the_allocator_s_and_passes_onl
     // The same growth with the live heap growing as fast: the program's, a failure.
     assert_eq!(judge(&steady, 2048.0).status, Status::Fail);
     // No evidence: the gauge's own verdict.
-    assert_eq!(analyze(&steady, &DetectorConfig::default(), None).metrics[0].status, Status::Fail);
+    assert_eq!(analyze(&steady, &DetectorConfig::default(), None, None).metrics[0].status, Status::Fail);
 }
 
 /// A Python process's layers (plateau's hook): which layer grew says what the process does.
@@ -405,7 +406,7 @@ fn a_python_process_says_which_of_its_layers_grew() {
             }
         })
     };
-    let v = analyze(&layered(true), &DetectorConfig::default(), None);
+    let v = analyze(&layered(true), &DetectorConfig::default(), None, None);
     let m = |name: &str| v.metrics.iter().find(|m| m.name == format!("{p}{name}")).unwrap();
     assert_eq!(m("py.object_bytes").status, Status::Fail);
     assert_eq!(m("py.object_bytes").location.as_deref(), Some("Python objects the program keeps (pymalloc's blocks)"));
@@ -415,7 +416,7 @@ fn a_python_process_says_which_of_its_layers_grew() {
         "{:?}",
         v.attribution
     );
-    let v = analyze(&layered(false), &DetectorConfig::default(), None);
+    let v = analyze(&layered(false), &DetectorConfig::default(), None, None);
     assert!(
         v.attribution.iter().any(|l| l.starts_with("target.engine: malloc's heap in use grows")),
         "{:?}",

@@ -7,12 +7,17 @@ use plateau_reports::{Kind, MetricVerdict, Row, Samples, Status, Verdict, VERDIC
 
 use super::gauge::{judge_gauge, pace, Pace};
 use super::series::fmt_value;
-use super::{attribution, bounds, exact, live_heap, overhead, DetectorConfig};
+use super::{attribution, bounds, exact, live_heap, overhead, DetectorConfig, GaugeEvidence};
 
 /// Runs both layers over a samples file with `cfg` and returns the verdict; `unfinished` says why
 /// the run did not finish, if it did not (an unfinished run is never a pass). Commands judge
 /// through [`crate::judge`], which takes both from the file.
-pub(crate) fn analyze(s: &Samples, cfg: &DetectorConfig, unfinished: Option<&str>) -> Verdict {
+pub(crate) fn analyze(
+    s: &Samples,
+    cfg: &DetectorConfig,
+    unfinished: Option<&str>,
+    evidence: Option<&dyn GaugeEvidence>,
+) -> Verdict {
     let quiescent: Vec<&Row> = s.rows.iter().filter(|r| r.quiescent).collect();
     let iterations = s.rows.iter().map(|r| r.iter).max().unwrap_or(0);
     let pace = pace(s, &quiescent, cfg.warmup_iterations);
@@ -24,7 +29,7 @@ pub(crate) fn analyze(s: &Samples, cfg: &DetectorConfig, unfinished: Option<&str
             cfg.tolerance
         ));
     }
-    let (metrics, observed, attribution) = judge_metrics(s, cfg, &quiescent, &pace);
+    let (metrics, observed, attribution) = judge_metrics(s, cfg, &quiescent, &pace, evidence);
     let count = |st: Status| metrics.iter().filter(|m| m.status == st).count();
     // Memory was judged when a gauge got a trend verdict or a per-request registry was checked at
     // quiescent points: counters and bounded registries alone say nothing about growth.
@@ -77,6 +82,7 @@ fn judge_metrics<'s>(
     cfg: &DetectorConfig,
     quiescent: &[&Row],
     pace: &Pace,
+    evidence: Option<&dyn GaugeEvidence>,
 ) -> (Vec<MetricVerdict>, Vec<&'s str>, Vec<String>) {
     let mut metrics = Vec::new();
     let mut observed = Vec::new();
@@ -93,8 +99,10 @@ fn judge_metrics<'s>(
     bounds::apply(s, &mut metrics);
     overhead::apply(s, &mut metrics, cfg);
     live_heap::apply(s, &mut metrics, &cfg.live_heap, cfg);
+    let sites = evidence.map(|e| e.amend(s, &mut metrics, cfg, pace.requests_per_iter)).unwrap_or_default();
     metrics.extend(exact::checks(quiescent, &metrics));
-    let attribution = attribution::attribute(s, &mut metrics, cfg);
+    let mut attribution = attribution::attribute(s, &mut metrics, cfg);
+    attribution.extend(sites);
     // Failures first, earliest evidence first; then what could not be judged; then warnings;
     // then passes by name.
     metrics.sort_by(|a, b| {

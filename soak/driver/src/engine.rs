@@ -100,11 +100,24 @@ pub struct EngineTarget {
     /// What really fired, and what the phase being driven asks its requests for.
     triggers: Triggers,
     phase_traits: PhaseTraits,
+    /// The live heap by allocation site, recorded from the run's start (or why it is not).
+    heap_sites: Option<Result<plateau_profile::live::HeapSites, String>>,
+    /// Whether sites.jsonl was told about this process yet.
+    sites_announced: bool,
 }
 
 impl EngineTarget {
+    /// Records the live heap by allocation site at each quiescent point with `h` (started before
+    /// the engine was built), or says why it cannot.
+    pub fn with_heap_sites(mut self, h: Result<plateau_profile::live::HeapSites, String>) -> Self {
+        self.heap_sites = Some(h);
+        self
+    }
+
     pub fn new(engine: Box<dyn System>, purge_every: u64) -> Self {
         EngineTarget {
+            heap_sites: None,
+            sites_announced: false,
             engine,
             probes: ProcessProbes::new(),
             accounting: None,
@@ -323,6 +336,42 @@ impl Target for EngineTarget {
 
     fn mappings(&mut self) -> Vec<plateau_probes::mappings::Mapping> {
         self.engine.mappings().unwrap_or_else(|| self.probes.mappings())
+    }
+
+    fn site_names(&mut self) -> Vec<plateau_sites::SiteName> {
+        match &self.heap_sites {
+            Some(Ok(h)) => h.names().unwrap_or_else(|e| {
+                eprintln!("plateau: plateau's own allocation sites could not be named: {e}");
+                Vec::new()
+            }),
+            _ => Vec::new(),
+        }
+    }
+
+    fn sites(&mut self, _iter: u64, _warmup: u64, out_dir: &Path) -> Option<plateau_sites::Recorded> {
+        let mut r = plateau_sites::Recorded::default();
+        if !std::mem::replace(&mut self.sites_announced, true) {
+            match self.heap_sites.as_ref()? {
+                Ok(_) => r.processes.push(plateau_sites::Process {
+                    prefix: String::new(),
+                    pid: Some(std::process::id() as i32),
+                    profiler: plateau_profile::live::profiler(),
+                }),
+                Err(e) => r.notes.push(format!("plateau's own heap: no site recorded: {e}")),
+            }
+        }
+        match self.heap_sites.as_mut()? {
+            Ok(h) => match h.snapshot(out_dir) {
+                Ok(snap) => r.snapshots.push(snap),
+                Err(e) => {
+                    r.notes.push(format!("plateau's own heap: sites no longer recorded: {e}"));
+                    self.heap_sites = Some(Err(e));
+                }
+            },
+            Err(_) if r.notes.is_empty() => return None,
+            Err(_) => {}
+        }
+        Some(r)
     }
 
     fn status(&self) -> String {

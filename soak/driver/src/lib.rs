@@ -92,6 +92,8 @@ pub struct RunOptions {
     /// undecided (judged every [`run_loop::DECIDED_EVERY`] iterations past the warm-up); a pass is
     /// decided at the planned length only, where its resolution is the run's.
     pub stop_when_decided: bool,
+    /// `--sites`: what the run records of allocation sites as it goes (sites.jsonl).
+    pub sites: plateau_sites::Depth,
 }
 
 /// Why a run could not produce a verdict: bad input (exit 2) or the engine/harness failed (exit 3).
@@ -179,11 +181,23 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     } else {
         scenario
     };
+    // The heap's sites are recorded from before the engine is built, so that every object it
+    // keeps was allocated under the profiler (a profiled replay's child profiles on its own).
+    let heap_sites = (opts.profile_window.is_none() && opts.sites != plateau_sites::Depth::Off).then(|| {
+        let h = plateau_profile::live::HeapSites::start();
+        if h.is_ok() {
+            plateau_probes::arena::profile_outside_scopes();
+        }
+        h
+    });
     let system = build_system(scenario, &opts.scenario_source, &backend, opts.injections.clone(), plan.seed)?;
     prepare_out_dir(opts)?;
     let purge =
         purge_every(plan.known_length(), plan.warmup, plateau_detector::DetectorConfig::default().min_points as u64);
     let mut target = EngineTarget::new(system, purge);
+    if let Some(h) = heap_sites {
+        target = target.with_heap_sites(h);
+    }
     run_with(scenario, opts, plan, &mut target)
 }
 
@@ -201,8 +215,10 @@ pub const SERVERS_FILE: &str = "servers.json";
 /// What a run writes beside its samples, read back when the run is judged: left in the directory
 /// by an earlier run, any of them would be read as this run's (an earlier interrupted verdict, an
 /// earlier replay's growth sites).
-const RUN_OUTPUTS: [&str; 15] = [
+const RUN_OUTPUTS: [&str; 17] = [
     "report.html",
+    plateau_sites::SITES_FILE,
+    plateau_profile::live::DUMP_FILE,
     "server.json",
     SERVERS_FILE,
     "triggers.json",

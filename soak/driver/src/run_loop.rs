@@ -78,9 +78,11 @@ pub fn run_with(
         specs: header.metrics.clone(),
         exact_failure: None,
         decided: false,
+        sites: SiteLog { writer: None, failed: false },
     };
     let mut snapshots = plateau_probes::mappings::Snapshots::default();
     let outcome = iterate(scenario, opts, plan, target, &mut sink, &mut state, &mut snapshots);
+    state.sites.name(target);
     let _harness = HarnessScope::enter();
     snapshots.end_iter = state.done;
     snapshots.end = target.mappings();
@@ -170,6 +172,8 @@ struct LoopState {
     exact_failure: Option<(u64, String)>,
     /// `--stop-when-decided`: the run stopped once its verdict was decided.
     decided: bool,
+    /// sites.jsonl, where the target records allocation sites.
+    sites: SiteLog,
 }
 
 /// What fails the exact layer in one quiescent probe, if anything: a per-request registry not
@@ -187,6 +191,44 @@ fn exact_failure(specs: &BTreeMap<String, MetricSpec>, p: &super::sink::Probe) -
     })
 }
 
+/// sites.jsonl as the run writes it: opened at the first quiescent point a target records sites
+/// at. A write that fails ends the recording (said once), never the run.
+struct SiteLog {
+    writer: Option<plateau_sites::SitesWriter>,
+    failed: bool,
+}
+
+impl SiteLog {
+    /// Records the target's sites at the quiescent point of `iter` (inside the harness's scope:
+    /// what recording allocates is neither the engine's heap nor a site of it).
+    fn record(&mut self, target: &mut dyn Target, (iter, warmup): (u64, u64), t: f64, out_dir: &Path) {
+        if self.failed {
+            return;
+        }
+        let _harness = HarnessScope::enter();
+        let Some(r) = target.sites(iter, warmup, out_dir) else { return };
+        let path = out_dir.join(plateau_sites::SITES_FILE);
+        let result = match &mut self.writer {
+            Some(w) => w.write(iter, t, r),
+            None => plateau_sites::SitesWriter::create(&path).and_then(|w| self.writer.insert(w).write(iter, t, r)),
+        };
+        if let Err(e) = result {
+            eprintln!("plateau: allocation sites are no longer recorded: {e}");
+            self.failed = true;
+        }
+    }
+
+    /// Once the run is over: the names of the sites recorded under provisional keys, and the
+    /// log closed.
+    fn name(&mut self, target: &mut dyn Target) {
+        let Some(mut w) = self.writer.take() else { return };
+        let _harness = HarnessScope::enter();
+        if let Err(e) = w.names(&target.site_names()) {
+            eprintln!("plateau: allocation sites could not be named: {e}");
+        }
+    }
+}
+
 fn iterate(
     scenario: &Scenario,
     opts: &RunOptions,
@@ -200,6 +242,7 @@ fn iterate(
     let mut last_line = Instant::now();
     let baseline = target.probe(0, true)?;
     sink.write(0, true, baseline)?;
+    state.sites.record(target, (0, plan.warmup), sink.elapsed().as_secs_f64(), &opts.out_dir);
     let mut workload = Workload::new(plan.seed);
     let shape = target.shape();
     // Bounded: `planned` only moves on up to the --until-decided cap.
@@ -224,6 +267,7 @@ fn iterate(
         let p = target.probe(iter, true)?;
         let failed_exactly = if opts.stop_on_exact_failure { exact_failure(&state.specs, &p) } else { None };
         sink.write(iter, true, p)?;
+        state.sites.record(target, (iter, plan.warmup), sink.elapsed().as_secs_f64(), &opts.out_dir);
         if iter == plan.warmup.max(1) {
             snapshots.start_iter = iter;
             snapshots.start = target.mappings();
@@ -352,7 +396,9 @@ fn decided_check_due(iter: u64, warmup: u64) -> bool {
 fn decided_at(samples: &Path, iter: u64) -> Result<bool, RunError> {
     let mut s = Samples::read(samples).map_err(|e| RunError::Harness(e.to_string()))?;
     s.end = Some(RunEnd::new(EndState::Decided, iter));
-    let v = plateau_detector::judge(&s).map_err(RunError::Input)?;
+    // The one judge with what the run directory holds so far (its sites among it).
+    let v =
+        plateau_analysis::judge_read(&s, samples, &plateau_detector::Overrides::default()).map_err(RunError::Input)?;
     Ok(v.verdict == Status::Fail && v.metrics.iter().all(|m| m.status != Status::Inconclusive))
 }
 
@@ -367,7 +413,8 @@ const UNDECIDED_GROWTH: f64 = 1.5;
 fn undecided_until(samples: &Path, planned: u64, cap: u64) -> Result<Option<u64>, RunError> {
     let mut s = Samples::read(samples).map_err(|e| RunError::Harness(e.to_string()))?;
     s.end = Some(RunEnd::new(EndState::Completed, planned));
-    let v = plateau_detector::judge(&s).map_err(RunError::Input)?;
+    let v =
+        plateau_analysis::judge_read(&s, samples, &plateau_detector::Overrides::default()).map_err(RunError::Input)?;
     if v.verdict != Status::Inconclusive || planned >= cap {
         return Ok(None);
     }

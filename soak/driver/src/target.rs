@@ -8,7 +8,8 @@
 //! Lifecycle of a target in a run: `specs` and `backend` once, for the header; then per iteration
 //! `begin`, `run_phase` for each phase (its requests planned by `plan.rs`, the same for every
 //! target), `quiesce`, and `probe` at the quiescent point (also between engine steps, for timer
-//! samples, where the target has steps); `mappings` at the end of warm-up and at the end; `finish`
+//! samples, where the target has steps) followed by `sites`, the live bytes by allocation site
+//! where the target records them; `mappings` at the end of warm-up and at the end; `finish`
 //! once, whether the run ended, was interrupted or failed.
 
 use std::collections::BTreeMap;
@@ -107,6 +108,17 @@ pub trait Target {
     /// notes the wall clock, and has a preloaded profiler dump where one is asked for). Files go
     /// into `out_dir`.
     fn mark_window(&mut self, edge: WindowEdge, iter: u64, out_dir: &std::path::Path) -> Result<(), RunError>;
+    /// What this target records of its processes' allocation sites at the quiescent point of
+    /// iteration `iter` (the live bytes of each site, for sites.jsonl in `out_dir`), or None where
+    /// it records none (yet: a target may begin at the end of the run's `warmup`).
+    fn sites(&mut self, _iter: u64, _warmup: u64, _out_dir: &std::path::Path) -> Option<plateau_sites::Recorded> {
+        None
+    }
+    /// The names of the sites `sites` recorded under provisional keys, given once the run is
+    /// over (a profiler that reads debug information only then).
+    fn site_names(&mut self) -> Vec<plateau_sites::SiteName> {
+        Vec::new()
+    }
     /// The target process's mappings now, for the mapping snapshot (empty when unknown).
     fn mappings(&mut self) -> Vec<plateau_probes::mappings::Mapping>;
     /// A deployment's processes' mappings now, by role (`--topology`), for each role's own

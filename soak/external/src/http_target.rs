@@ -67,6 +67,8 @@ pub(super) struct Http<'a> {
     pub hook: Option<super::python::Hook>,
     /// The processes memray records in, over a profiled replay's window.
     pub memray_pids: Vec<i32>,
+    /// The allocation sites of the server's Python processes, recorded from the end of warm-up.
+    pub py_sites: Option<super::python::sites::PySites>,
 }
 
 impl Http<'_> {
@@ -211,6 +213,18 @@ fn client_action(a: plan::Action) -> Action {
     }
 }
 
+/// The quiescent point where a server's sites begin to be recorded: halfway through the warm-up.
+/// memray sees what is allocated while it tracks, and the frees of only that: a cache that turns
+/// over (its old entries freed as new ones come) would seem to grow by all of itself while its
+/// entries from before the tracking leave. Half the warm-up before the judged window, a cache or
+/// pool that turns over within that time is seen whole by the window, and the tracker's own start
+/// in the process (its module, its tables filling as it meets new stacks) is warm-up too. The
+/// tracking costs the server time, so it starts no earlier (a server's warm-up is its longest
+/// stretch: 300 of n-sampling's 600 iterations).
+pub fn sites_from(warmup: u64) -> u64 {
+    warmup / 2
+}
+
 /// Lines of a spawned server's output a failed run quotes.
 const LOG_LINES: usize = 12;
 
@@ -318,6 +332,41 @@ impl Target for HttpTarget<'_> {
         self.http.last_mappings.clone()
     }
 
+    /// The server's Python processes' sites (memray through the hook), from the quiescent point
+    /// halfway through the warm-up ([`sites_from`]).
+    fn sites(&mut self, iter: u64, warmup: u64, out_dir: &std::path::Path) -> Option<plateau_sites::Recorded> {
+        let http = &mut self.http;
+        if http.ext.sites == plateau_sites::Depth::Off || http.ext.profile_process.is_some() {
+            return None;
+        }
+        let hook = http.hook.as_ref()?;
+        let mut r = plateau_sites::Recorded::default();
+        if http.py_sites.is_none() {
+            if iter < sites_from(warmup) {
+                return None;
+            }
+            let mut processes: Vec<(i32, String)> = http.tree.iter().flat_map(|t| t.layered()).collect();
+            processes.extend(http.deployment.procs.iter().flat_map(|p| p.tree.layered()));
+            if processes.is_empty() {
+                r.notes.push("no Python process of the server answered plateau's hook: no site recorded".into());
+            }
+            http.py_sites =
+                Some(super::python::sites::PySites::start(hook, &processes, http.ext.sites, out_dir, &mut r));
+        }
+        http.py_sites.as_mut()?.snapshot(hook, &mut r);
+        Some(r)
+    }
+
+    fn site_names(&mut self) -> Vec<plateau_sites::SiteName> {
+        match (&mut self.http.py_sites, &self.http.hook) {
+            (Some(s), Some(hook)) => {
+                s.stop(hook);
+                s.names()
+            }
+            _ => Vec::new(),
+        }
+    }
+
     fn role_mappings(&mut self) -> BTreeMap<String, Vec<plateau_probes::mappings::Mapping>> {
         self.http.last_role_mappings.clone()
     }
@@ -342,12 +391,24 @@ impl Target for HttpTarget<'_> {
         // server lives on) and the end of what the server wrote.
         let target_exit = match failed {
             Some(_) => {
+                let root_died = root_exit.is_some();
                 let mut parts: Vec<String> = root_exit.into_iter().collect();
-                let gone = self.http.tree.as_ref().map(tree::Tree::vanished).unwrap_or_default();
+                let gone = self.http.tree.as_ref().map(tree::Tree::vanished_pids).unwrap_or_default();
                 if !gone.is_empty() {
-                    parts.push(format!("processes of the server that are gone: {}", gone.join(", ")));
+                    let names: Vec<String> = gone.iter().map(|(pid, what)| format!("{what} (pid {pid})")).collect();
+                    parts.push(format!("processes of the server that are gone: {}", names.join(", ")));
                 }
                 let log = self.http.out_dir.join("target.log");
+                let mut dead: Vec<i32> = gone.iter().map(|g| g.0).collect();
+                dead.extend(self.http.target.as_ref().filter(|_| root_died).map(|t| t.pid));
+                // What the process that died raised, before the API server's own last lines.
+                if let Some(t) = (!dead.is_empty()).then(|| super::traceback::from_log(&log, &dead)).flatten() {
+                    parts.push(format!(
+                        "the first exception in the server's output ({}):\n{}",
+                        log.display(),
+                        t.quoted()
+                    ));
+                }
                 if self.http.target.is_some() && log.exists() {
                     let lines = last_lines(&log, LOG_LINES);
                     parts.push(match lines.is_empty() {

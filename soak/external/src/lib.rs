@@ -32,6 +32,7 @@ pub mod profile;
 pub mod python;
 pub mod target;
 pub mod topology;
+pub mod traceback;
 pub mod tree;
 
 mod http_target;
@@ -86,6 +87,9 @@ pub struct ExternalOptions {
     /// records over the window, through the hook: a role of the server's tree, a deployment's
     /// role (its whole tree), or `*` for every process of the server.
     pub profile_process: Option<String>,
+    /// What the run records of the allocation sites of the server's Python processes, from the
+    /// end of warm-up (`--sites`; memray through the hook).
+    pub sites: plateau_sites::Depth,
 }
 
 /// plateau's own figures recorded beside the target's, observed only: the load generator's memory.
@@ -316,6 +320,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         window: Vec::new(),
         hook,
         memray_pids: Vec::new(),
+        py_sites: None,
     };
     let r = run_with(scenario, opts, plan, &mut HttpTarget { runtime, http })?;
     did_the_work(r)

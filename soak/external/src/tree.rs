@@ -190,6 +190,15 @@ impl Tree {
         self.members.iter().map(|m| format!("{} (pid {})", m.role, m.pid)).collect()
     }
 
+    /// The processes whose Python layers are read (they answered plateau's hook when the run
+    /// started), each with the prefix of its gauges: where allocation sites are recorded.
+    pub fn layered(&self) -> Vec<(i32, String)> {
+        if self.root_layered {
+            return vec![(self.root, self.prefix.clone())];
+        }
+        self.members.iter().filter(|m| m.layered).map(|m| (m.pid, format!("{}{}.", self.prefix, m.role))).collect()
+    }
+
     /// (role, pid) of the processes with roles, for `processes.json`.
     pub fn members(&self) -> Vec<(String, i32)> {
         self.members.iter().map(|m| (m.role.clone(), m.pid)).collect()
@@ -295,8 +304,13 @@ impl Tree {
 
     /// The processes of the last sample that are gone now: "engine_core (pid 4242)".
     pub fn vanished(&self) -> Vec<String> {
+        self.vanished_pids().into_iter().map(|(pid, what)| format!("{what} (pid {pid})")).collect()
+    }
+
+    /// The processes of [`Tree::vanished`], by pid and name.
+    pub fn vanished_pids(&self) -> Vec<(i32, String)> {
         let alive = |pid: i32| Process::new(pid).and_then(|p| p.stat()).is_ok_and(|s| s.state != 'Z' && s.state != 'X');
-        self.last_seen.iter().filter(|(pid, _)| !alive(*pid)).map(|(pid, what)| format!("{what} (pid {pid})")).collect()
+        self.last_seen.iter().filter(|(pid, _)| !alive(*pid)).cloned().collect()
     }
 }
 

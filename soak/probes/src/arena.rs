@@ -47,7 +47,12 @@ pub struct Allocator;
 /// Without it (and with the harness in its own arena, above) they agree to the page; a
 /// 40-iteration `mixed` run took 5.0-5.6 s with it off and 5.2 s with it on. The `MALLOC_CONF`
 /// environment variable still overrides each option it names.
-pub const MALLOC_CONF: &std::ffi::CStr = c"dirty_decay_ms:-1,muzzy_decay_ms:-1,tcache:false";
+///
+/// Heap profiling is enabled and inactive (`prof:true,prof_active:false`): a run of plateau's own
+/// engine switches it on to record the live bytes of every allocation site (plateau-profile's
+/// `live.rs`); inactive, an allocation pays one check of a flag.
+pub const MALLOC_CONF: &std::ffi::CStr =
+    c"dirty_decay_ms:-1,muzzy_decay_ms:-1,tcache:false,prof:true,prof_active:false";
 
 /// A C string pointer that may live in a static (jemalloc's `malloc_conf`).
 #[repr(transparent)]
@@ -161,15 +166,34 @@ fn create_arena(hooks: Option<*mut sys::extent_hooks_t>) -> Option<u32> {
     (rc == 0).then_some(index)
 }
 
-/// While alive, this thread allocates in the harness arena. Scopes nest.
+/// While alive, this thread allocates in the harness arena, and jemalloc's heap profiler (where a
+/// run switched it on: [`profile_outside_scopes`]) samples none of this thread's allocations, so
+/// that a run's allocation sites are the engine's. Scopes nest.
 pub struct HarnessScope {
     was_in: bool,
+}
+
+/// Whether heap profiling is on for the run, so that scopes switch it off for their thread.
+static PROFILING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Heap profiling is on for this run: from now on a scope's allocations are not sampled.
+pub fn profile_outside_scopes() {
+    PROFILING.store(true, Ordering::Release);
+}
+
+/// Switches jemalloc's sampling of this thread's allocations on or off (profiling must be on).
+fn thread_profiled(on: bool) {
+    // SAFETY: `thread.prof.active` is a documented read-write bool mallctl.
+    let _ = unsafe { tikv_jemalloc_ctl::raw::write::<bool>(b"thread.prof.active\0", on) };
 }
 
 impl HarnessScope {
     pub fn enter() -> HarnessScope {
         let _ = arena();
         let was_in = IN_SCOPE.with(|c| c.replace(true));
+        if !was_in && PROFILING.load(Ordering::Acquire) {
+            thread_profiled(false);
+        }
         HarnessScope { was_in }
     }
 }
@@ -177,6 +201,9 @@ impl HarnessScope {
 impl Drop for HarnessScope {
     fn drop(&mut self) {
         IN_SCOPE.with(|c| c.set(self.was_in));
+        if !self.was_in && PROFILING.load(Ordering::Acquire) {
+            thread_profiled(true);
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! jemalloc's heap profiler, switched from inside the profiled process: whether this build has
-//! it, activation, and dumps. Profiling must be enabled when the process starts (`prof:true` in
-//! `MALLOC_CONF`, which the parent sets for a replay). A replay samples from its first allocation,
-//! so that what was allocated before its window and freed inside it (a table's old buffer when it
-//! doubles, a cache's evicted entries) counts against its site between the dumps.
+//! it, activation, the sample rate, and dumps. Profiling must be enabled when the process starts
+//! (`prof:true`: the `plateau` binary's allocator configuration has it, inactive, and a run of
+//! plateau's own engine activates it before the engine is built, `live.rs`), so that what was
+//! allocated before a point and freed after it (a table's old buffer when it doubles, a cache's
+//! evicted entries) counts against its site.
 
 use std::ffi::CString;
 use std::path::Path;
@@ -33,6 +34,13 @@ pub fn activate() -> Result<(), String> {
     }
     // SAFETY: `prof.active` is a read-write bool mallctl.
     unsafe { tikv_jemalloc_ctl::raw::write::<bool>(b"prof.active\0", true) }.map_err(|e| format!("prof.active: {e}"))
+}
+
+/// Forgets every sample taken so far and samples one allocation in 2^`lg_sample` bytes from now.
+pub fn reset(lg_sample: usize) -> Result<(), String> {
+    // SAFETY: `prof.reset` takes the new lg_prof_sample as a size_t.
+    unsafe { tikv_jemalloc_ctl::raw::write::<usize>(b"prof.reset\0", lg_sample) }
+        .map_err(|e| format!("prof.reset: {e}"))
 }
 
 /// Writes the live heap's profile (jemalloc's heap_v2 text) to `path`.

@@ -18,9 +18,11 @@
 plateau_probes::install_harness_allocator!();
 
 pub mod control;
+pub mod live;
 pub mod parse;
 pub mod pprof;
 pub mod replay;
+pub mod sites_growth;
 pub mod symbolize;
 
 use std::path::Path;
@@ -66,6 +68,8 @@ impl StackGrowth {
 pub struct Growth {
     /// The profiled binary.
     pub binary: String,
+    /// Where the growth was seen, for growth.txt's first line ("a profiled replay ...").
+    pub source: String,
     pub start_iter: u64,
     pub end_iter: u64,
     /// Stacks that grew in both halves of the window, most bytes first.
@@ -134,7 +138,8 @@ pub fn growth_between(
     }
     stacks.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
     once.sort_by(|x, y| y.bytes.cmp(&x.bytes).then(x.addrs.cmp(&y.addrs)));
-    Growth { binary, start_iter, end_iter, stacks, one_half_only, shrank, once }
+    let source = "a profiled replay (every allocation sampled), by stacks that grew in both halves".to_string();
+    Growth { binary, source, start_iter, end_iter, stacks, one_half_only, shrank, once }
 }
 
 impl Growth {
@@ -293,7 +298,8 @@ pub fn write_files(dir: &Path, g: &Growth, requests_per_iter: Option<f64>, comma
             (s.addrs[skip..].to_vec(), s.frames[skip..].to_vec(), s.objects, s.bytes)
         })
         .collect();
-    let comment = format!("heap gained between iterations {} and {}: {command}", g.start_iter, g.end_iter);
+    let comment =
+        format!("heap gained between iterations {} and {} of {}: {command}", g.start_iter, g.end_iter, g.source);
     let profile = pprof::profile(&stacks, &g.binary, &comment);
     pprof::write(&dir.join("growth.pb.gz"), &profile).map_err(|e| io("growth.pb.gz", e))?;
     let svg = flamegraph(g).map_err(|e| io("growth.svg", e))?;
@@ -311,12 +317,16 @@ pub fn growth_text(g: &Growth, requests_per_iter: Option<f64>, command: &str) ->
     let per_req = |b: f64| requests_per_iter.map(|r| format!(", {}/request", fmt_bytes(b / r))).unwrap_or_default();
     let total = g.bytes_per_iter();
     let mut out = format!(
-        "Heap growth between iterations {} and {} of a profiled replay (every allocation sampled), by stacks that grew in both halves:\n{}/iteration in all{}\nreplay: {command}\n",
+        "Heap growth between iterations {} and {} of {}:\n{}/iteration in all{}\n",
         g.start_iter,
         g.end_iter,
+        g.source,
         fmt_bytes(total),
         per_req(total)
     );
+    if !command.is_empty() {
+        out.push_str(&format!("replay: {command}\n"));
+    }
     if g.shrank.0 > 0 {
         out.push_str(&format!(
             "not counted: {} stacks that shrank in both halves of the window ({} net): memory given back\n",
@@ -425,7 +435,11 @@ mod tests {
     }
 
     fn dump(stacks: &[(u64, i64)]) -> HeapProfile {
-        HeapProfile { stacks: stacks.iter().map(|&(a, b)| (vec![a], (1, b))).collect(), maps: String::new() }
+        HeapProfile {
+            sample_period: 1,
+            stacks: stacks.iter().map(|&(a, b)| (vec![a], (1, b))).collect(),
+            maps: String::new(),
+        }
     }
 
     #[test]
@@ -452,6 +466,7 @@ mod tests {
     fn sites_merge_stacks_and_drop_the_harness_crumbs() {
         let g = Growth {
             binary: "plateau".into(),
+            source: "a test".into(),
             start_iter: 20,
             end_iter: 60,
             stacks: vec![

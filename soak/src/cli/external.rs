@@ -229,6 +229,7 @@ impl ExternalArgs {
             topology: topology.cloned(),
             python_hook: !self.no_python_hook,
             profile_process: self.profile_process.clone(),
+            sites: opts.sites,
         };
         Ok(ext)
     }

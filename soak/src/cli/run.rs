@@ -82,6 +82,13 @@ pub struct Args {
     /// Do not replay a failing heap under the profiler (a quick look; a shrink's candidates).
     #[arg(long, conflicts_with = "profile")]
     no_replay: bool,
+    /// What to record of allocation sites as the run goes, for the verdict to name what grew
+    /// (sites.jsonl): `full` (default): plateau's own heap sampled by jemalloc's profiler from the
+    /// start; in a spawned Python server's processes, memray from the end of warm-up, every
+    /// allocation with native frames; `heap`: in a Python server, malloc's allocations only (a
+    /// fraction of the cost; Python's small objects unexplained); `off`: none.
+    #[arg(long, value_name = "full|heap|off", default_value = "full")]
+    sites: plateau_soak::sites::Depth,
     /// End the run at the first quiescent point where the exact layer fails (a per-request
     /// registry not back to zero, a bounded one over its capacity): a registry leak is decided
     /// there; the gauges are not judged past it.
@@ -119,6 +126,7 @@ pub fn main(a: Args) -> u8 {
         profile,
         profile_window,
         no_replay,
+        sites,
         stop_on_exact_failure,
         stop_when_decided,
         external,
@@ -185,6 +193,7 @@ pub fn main(a: Args) -> u8 {
         profile_window,
         stop_on_exact_failure,
         stop_when_decided,
+        sites,
     };
     let f = Finish {
         target_url: target_url.as_deref(),
@@ -196,6 +205,12 @@ pub fn main(a: Args) -> u8 {
         ci: &ci,
     };
     execute(&s, &opts, f, fresh_dir)
+}
+
+/// Whether the run recorded the allocation sites of some process itself (sites.jsonl names one).
+fn recorded_sites(dir: &std::path::Path) -> bool {
+    plateau_soak::sites::SiteLog::read(&dir.join(plateau_soak::sites::SITES_FILE))
+        .is_ok_and(|log| !log.processes.is_empty())
 }
 
 /// The run's directory (`--out`, else runs/NAME-TIME), claimed for this run, and whether it is
@@ -345,7 +360,10 @@ fn finish(mut r: driver::RunResult, opts: &RunOptions, f: Finish) -> u8 {
     }
     let named = match f.target_url {
         _ if f.no_replay => None,
-        None => super::sites::heap_sites(&mut r, opts, f.profile),
+        // plateau's own engine records its sites as it runs: the verdict names them.
+        None => None,
+        // A server whose processes' sites the run recorded itself needs no second run.
+        Some(_) if recorded_sites(&r.out_dir) => None,
         Some(url) => {
             let roles = f.topology.iter().flat_map(|t| t.processes.iter().map(|p| p.role.clone())).collect();
             let server = f.external.replay_of(url, roles, r.verdict.injections.clone());

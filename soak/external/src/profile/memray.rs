@@ -126,6 +126,7 @@ fn from_reader(v: &serde_json::Value, exe: &Path, window: &Window, package: Opti
     let stacks = v["stacks"].as_array().ok_or("the memray reader's output has no `stacks`")?;
     let mut g = Growth {
         binary: exe.display().to_string(),
+        source: "a profiled replay under memray, by stacks that grew in both halves".into(),
         start_iter: window.iters[0],
         end_iter: window.iters[2],
         stacks: Vec::new(),

@@ -36,6 +36,9 @@ use std::time::Duration;
 use plateau_reports::{Kind, MetricSpec};
 use serde_json::Value;
 
+pub mod native_names;
+pub mod sites;
+
 const MODULE: &str = include_str!("sitecustomize.py");
 
 /// The environment variable that tells the module where the sockets go.
@@ -98,6 +101,8 @@ impl Hook {
                     std::fs::create_dir(hook.sockets()).map_err(|e| err(&hook.sockets(), e))?;
                     let module = hook.site().join("sitecustomize.py");
                     std::fs::write(&module, MODULE).map_err(|e| err(&module, e))?;
+                    let reader = hook.reader_script();
+                    std::fs::write(&reader, sites::READER).map_err(|e| err(&reader, e))?;
                     return Ok(hook);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -109,6 +114,17 @@ impl Hook {
 
     fn site(&self) -> PathBuf {
         self.root.join("site")
+    }
+
+    /// The hook's module as the server's processes load it.
+    pub fn module(&self) -> PathBuf {
+        self.site().join("sitecustomize.py")
+    }
+
+    /// The reader of a process's allocation sites (`memray_sites.py`), beside the hook's module
+    /// but outside the folder on the server's path.
+    pub fn reader_script(&self) -> PathBuf {
+        self.root.join("memray_sites.py")
     }
 
     fn sockets(&self) -> PathBuf {

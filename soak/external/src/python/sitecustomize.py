@@ -13,6 +13,16 @@
 #                      blocks (sys._debugmallocstats' "bytes in allocated blocks"), the arenas that
 #                      hold those blocks, the C library's malloc in use (Python's larger objects and
 #                      native memory alike) and the freed memory malloc keeps; and who the process is.
+#   memray-live PORT NATIVE PYALLOC
+#                      memray's tracker started here in live mode, listening on PORT for plateau's
+#                      reader (memray_sites.py, which reads the live bytes of every allocation
+#                      site as the run goes): with native frames (NATIVE 1) and Python's own
+#                      allocator traced (PYALLOC 1). The tracker is made on a thread of its own,
+#                      since memray waits there until the reader connects
+#   memray-live-ready  whether that tracker is tracking yet
+#   memray-mark SEQ    a marker allocated at a quiescent point (a buffer of 1,000,001 + SEQ bytes,
+#                      replacing the one before): once the reader sees it, every allocation and free
+#                      before it has reached the reader
 #   memray-start PATH  memray's tracker started here, writing PATH (a profiled replay's window)
 #   memray-stop        the tracker stopped: the capture is complete
 # At exit the socket file goes. Then the environment's own sitecustomize, if it has one, runs as it
@@ -39,8 +49,40 @@ def _plateau_hook():
                     ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
                      "keepcost")]
 
+    class Allocator(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_void_p) for n in ("ctx", "malloc", "calloc", "realloc", "free")]
+
+    OBJ_DOMAIN = 2
+    get_allocator = ctypes.pythonapi.PyMem_GetAllocator
+    get_allocator.argtypes = [ctypes.c_int, ctypes.POINTER(Allocator)]
+    get_allocator.restype = None
+    set_allocator = ctypes.pythonapi.PyMem_SetAllocator
+    set_allocator.argtypes = [ctypes.c_int, ctypes.POINTER(Allocator)]
+    set_allocator.restype = None
+    # The object allocator as the interpreter started: pymalloc, unless PYTHONMALLOC chose another.
+    original_obj = Allocator()
+    get_allocator(OBJ_DOMAIN, ctypes.byref(original_obj))
+
     def pymalloc_text():
-        """sys._debugmallocstats() into a memory stream (it writes to a C FILE*), not to stderr."""
+        """sys._debugmallocstats() into a memory stream (it writes to a C FILE*), not to stderr.
+        Under memray's tracing of Python's allocator (plateau's allocation sites), the object
+        allocator is memray's wrapper around pymalloc, and the interpreter prints no pymalloc
+        figures for an allocator that is not pymalloc itself: for the call, with the interpreter's
+        lock held (no other thread allocates Python objects meanwhile), the allocator the process
+        started with is put back, then memray's again. Blocks allocated in between are pymalloc's,
+        and memray's wrapper frees them to pymalloc as it frees any block it did not see made."""
+        current = Allocator()
+        get_allocator(OBJ_DOMAIN, ctypes.byref(current))
+        swapped = current.malloc != original_obj.malloc
+        if swapped:
+            set_allocator(OBJ_DOMAIN, ctypes.byref(original_obj))
+        try:
+            return debug_malloc_stats()
+        finally:
+            if swapped:
+                set_allocator(OBJ_DOMAIN, ctypes.byref(current))
+
+    def debug_malloc_stats():
         # Plain pointers throughout: ctypes.cast would leave a reference cycle behind at every
         # call, garbage the next sample would count in this process's objects.
         open_memstream = libc.open_memstream
@@ -131,6 +173,43 @@ def _plateau_hook():
         state["tracker"] = tracker
         return {"ok": True, "executable": sys.executable}
 
+    def memray_live(args):
+        if state["tracker"] is not None or state.get("starting"):
+            return {"error": "memray is already tracking in this process"}
+        try:
+            port, native, pyalloc = int(args[0]), args[1] == "1", args[2] == "1"
+        except (IndexError, ValueError):
+            return {"error": "memray-live PORT NATIVE PYALLOC"}
+        try:
+            import memray
+        except ImportError:
+            return {"error": "no memray", "executable": sys.executable}
+        state["starting"] = True
+
+        def track():
+            try:
+                tracker = memray.Tracker(destination=memray.SocketDestination(server_port=port, address="127.0.0.1"),
+                                         native_traces=native, trace_python_allocators=pyalloc, follow_fork=False,
+                                         memory_interval_ms=10)
+                tracker.__enter__()
+                state["tracker"] = tracker
+            except Exception as e:
+                state["live_error"] = "%s: %s" % (type(e).__name__, e)
+            state["starting"] = False
+
+        threading.Thread(target=track, name="plateau-memray", daemon=True).start()
+        return {"ok": True, "executable": sys.executable}
+
+    def memray_live_ready():
+        if state.get("live_error"):
+            return {"error": state["live_error"]}
+        return {"ok": state["tracker"] is not None}
+
+    def memray_mark(seq):
+        state["mark"] = None
+        state["mark"] = bytearray(1_000_000 + int(seq))
+        return {"ok": True}
+
     def memray_stop():
         tracker, state["tracker"] = state["tracker"], None
         if tracker is None:
@@ -146,6 +225,12 @@ def _plateau_hook():
             return memray_start(arg)
         if cmd == "memray-stop":
             return memray_stop()
+        if cmd == "memray-live":
+            return memray_live(arg.split())
+        if cmd == "memray-live-ready":
+            return memray_live_ready()
+        if cmd == "memray-mark":
+            return memray_mark(arg)
         return {"error": "unknown request %r" % cmd}
 
     def serve(server):
@@ -179,6 +264,9 @@ def _plateau_hook():
             except OSError:
                 pass
         state["tracker"] = None
+        state["starting"] = False
+        state["live_error"] = None
+        state["mark"] = None
         path = os.path.join(sockets, "%d.sock" % os.getpid())
         try:
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
