@@ -195,6 +195,10 @@ fn where_it_grew(h: &mut String, v: &Verdict) {
     }
     let _ = write!(h, "</ul>");
     for m in with_sites {
+        if m.sites.iter().any(|s| s.kind.is_some()) {
+            judged_sites(h, m);
+            continue;
+        }
         let _ = write!(
             h,
             "<p><b>{}</b>: sites</p><div class=\"scroll\"><table><tr><th>site</th><th>bytes/iteration</th><th>bytes/request</th><th>objects/iteration</th><th>entries left</th><th>oldest from iteration</th></tr>",
@@ -215,6 +219,33 @@ fn where_it_grew(h: &mut String, v: &Verdict) {
         }
         let _ = write!(h, "</table></div>");
     }
+}
+
+/// A gauge's allocation sites, each judged by its own series: what it is, its rate, its share of
+/// the gauge's growth, what it holds and where a fill levels off.
+fn judged_sites(h: &mut String, m: &MetricVerdict) {
+    let explained =
+        m.explained_share.map(|x| format!(", {:.0}% of its growth explained", 100.0 * x)).unwrap_or_default();
+    let _ = write!(
+        h,
+        "<p><b>{}</b>: allocation sites{}</p><div class=\"scroll\"><table><tr><th>site</th><th>kind</th><th>bytes/request</th><th>share</th><th>held</th><th>levels at</th></tr>",
+        escape(&m.name),
+        escape(&explained)
+    );
+    for s in &m.sites {
+        let num = |x: Option<f64>| x.map(|x| fmt_value(x, "bytes")).unwrap_or_default();
+        let _ = write!(
+            h,
+            "<tr><td><code>{}</code></td><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            escape(&s.place()),
+            escape(s.kind.as_deref().unwrap_or("")),
+            num(s.per_request),
+            s.share.map(|x| format!("{:.0}%", 100.0 * x)).unwrap_or_default(),
+            num(s.size_bytes),
+            num(s.bound_bytes),
+        );
+    }
+    let _ = write!(h, "</table></div>");
 }
 
 /// Per metric present in both runs: level and slope, then and now. A change is marked worse when

@@ -21,7 +21,7 @@ fn start_server() -> String {
     let (s, _) = Scenario::load("n-sampling").unwrap();
     let engine = plateau_soak::driver::build_engine(&s, "cpu", Default::default(), 0).unwrap();
     let (tx, rx) = std::sync::mpsc::sync_channel(plateau_soak::serve::COMMAND_QUEUE);
-    std::thread::spawn(move || engine_loop::run(engine, rx));
+    std::thread::spawn(move || engine_loop::run(Box::new(engine), rx));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     listener.set_nonblocking(true).unwrap();

@@ -111,6 +111,7 @@ fn judge_bytes(s: &Samples, samples_bytes: &[u8], samples: &Path, overrides: &Ov
     if let Some(g) = &growth {
         name_growth_sites(g, &mut v);
     }
+    name_top_site(&mut v);
     note_node_heaps(&mut v);
     if let Some(snap) = read_evidence::<plateau_probes::mappings::Snapshots>(samples, "mappings.json", &mut files) {
         plateau_probes::mappings::name_grown(&snap, &mut v);
@@ -299,6 +300,24 @@ fn name_growth_sites(g: &plateau_profile::GrowthRecord, v: &mut Verdict) {
         g.end_iter
     ));
     v.summary.push_str(&format!("; top site: {}", at(top)));
+}
+
+/// The summary names the leak site of the first failing gauge that has one (sites.jsonl).
+fn name_top_site(v: &mut Verdict) {
+    let top = v
+        .metrics
+        .iter()
+        .filter(|m| m.status == Status::Fail)
+        .flat_map(|m| m.sites.iter())
+        .find(|s| s.kind.as_deref() == Some("leak"));
+    if let Some(s) = top {
+        let rate = s
+            .per_request
+            .map(|r| format!(", {}/request", plateau_detector::series::fmt_value(r, "bytes")))
+            .unwrap_or_default();
+        let line = format!("; top site: {} (leak{rate})", s.place());
+        v.summary.push_str(&line);
+    }
 }
 
 /// Says, for a failing heap of a node process (`--pd-processes`) or of an external target

@@ -104,6 +104,8 @@ pub struct EngineTarget {
     heap_sites: Option<Result<plateau_profile::live::HeapSites, String>>,
     /// Whether sites.jsonl was told about this process yet.
     sites_announced: bool,
+    /// The replay that records the run's sites before its verdict is drawn.
+    sites_replay: Option<super::sites_replay::SitesReplay>,
 }
 
 impl EngineTarget {
@@ -114,10 +116,17 @@ impl EngineTarget {
         self
     }
 
+    /// Records the run's sites by a replay before its verdict is drawn.
+    pub fn with_sites_replay(mut self, r: super::sites_replay::SitesReplay) -> Self {
+        self.sites_replay = Some(r);
+        self
+    }
+
     pub fn new(engine: Box<dyn System>, purge_every: u64) -> Self {
         EngineTarget {
             heap_sites: None,
             sites_announced: false,
+            sites_replay: None,
             engine,
             probes: ProcessProbes::new(),
             accounting: None,
@@ -336,6 +345,12 @@ impl Target for EngineTarget {
 
     fn mappings(&mut self) -> Vec<plateau_probes::mappings::Mapping> {
         self.engine.mappings().unwrap_or_else(|| self.probes.mappings())
+    }
+
+    fn before_verdict(&mut self, out_dir: &Path, iterations: u64, warmup: u64, interrupted: bool) {
+        if let (Some(r), false) = (&self.sites_replay, interrupted) {
+            r.record(out_dir, iterations, warmup);
+        }
     }
 
     fn site_names(&mut self) -> Vec<plateau_sites::SiteName> {

@@ -14,6 +14,7 @@ mod engine;
 pub mod plan;
 mod run_loop;
 pub mod sink;
+pub mod sites_replay;
 pub mod target;
 pub mod triggers;
 
@@ -92,8 +93,14 @@ pub struct RunOptions {
     /// undecided (judged every [`run_loop::DECIDED_EVERY`] iterations past the warm-up); a pass is
     /// decided at the planned length only, where its resolution is the run's.
     pub stop_when_decided: bool,
-    /// `--sites`: what the run records of allocation sites as it goes (sites.jsonl).
+    /// `--sites`: what the run records of allocation sites (sites.jsonl).
     pub sites: plateau_sites::Depth,
+    /// `--profile`: record plateau's own allocation sites whatever the run's verdict.
+    pub profile: bool,
+    /// A replay's own side (`--record-sites`, set by plateau for the child it runs): record
+    /// plateau's own heap by site at every quiescent point, with the profiler the child started
+    /// with (`sites_replay.rs`).
+    pub record_sites: bool,
 }
 
 /// Why a run could not produce a verdict: bad input (exit 2) or the engine/harness failed (exit 3).
@@ -181,9 +188,9 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     } else {
         scenario
     };
-    // The heap's sites are recorded from before the engine is built, so that every object it
-    // keeps was allocated under the profiler (a profiled replay's child profiles on its own).
-    let heap_sites = (opts.profile_window.is_none() && opts.sites != plateau_sites::Depth::Off).then(|| {
+    // A replay recording the sites (`--record-sites`) records them from before the engine is
+    // built, so that every object it keeps was allocated under the profiler.
+    let heap_sites = opts.record_sites.then(|| {
         let h = plateau_profile::live::HeapSites::start();
         if h.is_ok() {
             plateau_probes::arena::profile_outside_scopes();
@@ -197,6 +204,12 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
     let mut target = EngineTarget::new(system, purge);
     if let Some(h) = heap_sites {
         target = target.with_heap_sites(h);
+    } else if opts.sites != plateau_sites::Depth::Off && opts.profile_window.is_none() && !opts.pd_processes {
+        let resolved = resolve_backend(&backend)?;
+        match sites_replay::SitesReplay::of(opts, plan.seed, resolved) {
+            Ok(r) => target = target.with_sites_replay(r),
+            Err(e) => eprintln!("plateau: allocation sites will not be recorded: {e}"),
+        }
     }
     run_with(scenario, opts, plan, &mut target)
 }

@@ -107,6 +107,7 @@ pub fn run_with(
     }
     sink.write_end(&run_end(opts, &state, failed, &finish))?;
     drop(sink);
+    target.before_verdict(&opts.out_dir, state.done, plan.warmup, state.interrupted || failed.is_some());
     let verdict = match judge_and_write(&opts.out_dir) {
         Ok(v) => v,
         Err(j) => return Err(outcome.err().unwrap_or(j)),

@@ -114,6 +114,10 @@ pub trait Target {
     fn sites(&mut self, _iter: u64, _warmup: u64, _out_dir: &std::path::Path) -> Option<plateau_sites::Recorded> {
         None
     }
+    /// Once the run's samples are complete, before its verdict is drawn: what the target adds to
+    /// the run's directory for the judge (plateau's own engine: its sites, by a replay). The run
+    /// did `iterations` after a warm-up of `warmup`; `interrupted` when it was stopped short.
+    fn before_verdict(&mut self, _out_dir: &std::path::Path, _iterations: u64, _warmup: u64, _interrupted: bool) {}
     /// The names of the sites `sites` recorded under provisional keys, given once the run is
     /// over (a profiler that reads debug information only then).
     fn site_names(&mut self) -> Vec<plateau_sites::SiteName> {

@@ -65,10 +65,12 @@ pub(super) struct Http<'a> {
     pub window: Vec<(WindowEdge, u64, u64)>,
     /// plateau's hook in the spawned server's Python processes, if the run put it there.
     pub hook: Option<super::python::Hook>,
-    /// The processes memray records in, over a profiled replay's window.
-    pub memray_pids: Vec<i32>,
-    /// The allocation sites of the server's Python processes, recorded from the end of warm-up.
+    /// The allocation sites of the server's Python processes, recorded from halfway through the
+    /// warm-up.
     pub py_sites: Option<super::python::sites::PySites>,
+    /// A profiled replay's child (a native server's heap dumped at its window's edges): it
+    /// records no sites of its own.
+    pub window_run: bool,
 }
 
 impl Http<'_> {
@@ -253,6 +255,36 @@ fn ended_within(t: &mut target::Target, grace: std::time::Duration) -> bool {
     }
 }
 
+impl Http<'_> {
+    /// A run that failed names how its target ended (`root_exit`), what of the server is gone
+    /// (an engine core killed while its API server lives on), the exception the process that
+    /// died raised, and the end of what the server wrote.
+    fn what_ended(&self, root_exit: Option<String>) -> Option<String> {
+        let root_died = root_exit.is_some();
+        let mut parts: Vec<String> = root_exit.into_iter().collect();
+        let gone = self.tree.as_ref().map(tree::Tree::vanished_pids).unwrap_or_default();
+        if !gone.is_empty() {
+            let names: Vec<String> = gone.iter().map(|(pid, what)| format!("{what} (pid {pid})")).collect();
+            parts.push(format!("processes of the server that are gone: {}", names.join(", ")));
+        }
+        let log = self.out_dir.join("target.log");
+        let mut dead: Vec<i32> = gone.iter().map(|g| g.0).collect();
+        dead.extend(self.target.as_ref().filter(|_| root_died).map(|t| t.pid));
+        // What the process that died raised, before the API server's own last lines.
+        if let Some(t) = (!dead.is_empty()).then(|| super::traceback::from_log(&log, &dead)).flatten() {
+            parts.push(format!("the first exception in the server's output ({}):\n{}", log.display(), t.quoted()));
+        }
+        if self.target.is_some() && log.exists() {
+            let lines = last_lines(&log, LOG_LINES);
+            parts.push(match lines.is_empty() {
+                true => format!("the server wrote nothing ({})", log.display()),
+                false => format!("the server's output ({}) ends:\n{lines}", log.display()),
+            });
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
 impl Target for HttpTarget<'_> {
     fn specs(&mut self) -> BTreeMap<String, MetricSpec> {
         self.http.declared.clone()
@@ -288,8 +320,8 @@ impl Target for HttpTarget<'_> {
         self.runtime.block_on(self.http.sample(iter))
     }
 
-    /// The wall clock of the quiescent point (memray's snapshots are matched to it), and, when the
-    /// server runs with plateau's dump trigger preloaded, a heap dump asked of it there.
+    /// The wall clock of the quiescent point, and, when the server runs with plateau's dump
+    /// trigger preloaded, a heap dump asked of it there.
     fn mark_window(&mut self, edge: WindowEdge, iter: u64, out_dir: &std::path::Path) -> Result<(), RunError> {
         let ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -311,14 +343,6 @@ impl Target for HttpTarget<'_> {
             super::profile::native::request_dump(std::path::Path::new(&request), pid, &out_dir.join(edge.dump_file()))
                 .map_err(RunError::Harness)?;
         }
-        // A Python server's replay: memray inside the processes that grew, for the window only.
-        if let Some(which) = self.http.ext.profile_process.clone() {
-            match edge {
-                WindowEdge::Start => self.http.memray_start(&which, out_dir)?,
-                WindowEdge::End => self.http.memray_stop()?,
-                WindowEdge::Mid => {}
-            }
-        }
         let marks: Vec<serde_json::Value> = self
             .http
             .window
@@ -336,7 +360,7 @@ impl Target for HttpTarget<'_> {
     /// halfway through the warm-up ([`sites_from`]).
     fn sites(&mut self, iter: u64, warmup: u64, out_dir: &std::path::Path) -> Option<plateau_sites::Recorded> {
         let http = &mut self.http;
-        if http.ext.sites == plateau_sites::Depth::Off || http.ext.profile_process.is_some() {
+        if http.ext.sites == plateau_sites::Depth::Off || http.window_run {
             return None;
         }
         let hook = http.hook.as_ref()?;
@@ -387,39 +411,7 @@ impl Target for HttpTarget<'_> {
             (Some(_), Some(t), Some(w)) => ended_within(t, DEATH_GRACE).then(|| w.describe(t.exit_status())),
             _ => None,
         };
-        // A run that failed names what of the server is gone (an engine core killed while its API
-        // server lives on) and the end of what the server wrote.
-        let target_exit = match failed {
-            Some(_) => {
-                let root_died = root_exit.is_some();
-                let mut parts: Vec<String> = root_exit.into_iter().collect();
-                let gone = self.http.tree.as_ref().map(tree::Tree::vanished_pids).unwrap_or_default();
-                if !gone.is_empty() {
-                    let names: Vec<String> = gone.iter().map(|(pid, what)| format!("{what} (pid {pid})")).collect();
-                    parts.push(format!("processes of the server that are gone: {}", names.join(", ")));
-                }
-                let log = self.http.out_dir.join("target.log");
-                let mut dead: Vec<i32> = gone.iter().map(|g| g.0).collect();
-                dead.extend(self.http.target.as_ref().filter(|_| root_died).map(|t| t.pid));
-                // What the process that died raised, before the API server's own last lines.
-                if let Some(t) = (!dead.is_empty()).then(|| super::traceback::from_log(&log, &dead)).flatten() {
-                    parts.push(format!(
-                        "the first exception in the server's output ({}):\n{}",
-                        log.display(),
-                        t.quoted()
-                    ));
-                }
-                if self.http.target.is_some() && log.exists() {
-                    let lines = last_lines(&log, LOG_LINES);
-                    parts.push(match lines.is_empty() {
-                        true => format!("the server wrote nothing ({})", log.display()),
-                        false => format!("the server's output ({}) ends:\n{lines}", log.display()),
-                    });
-                }
-                (!parts.is_empty()).then(|| parts.join("; "))
-            }
-            None => None,
-        };
+        let target_exit = failed.and_then(|_| self.http.what_ended(root_exit));
         // What kind of program the server is, read while it still runs: which profiler can see
         // its heap, for a replay that names the allocating line.
         let running = self.http.target.as_mut().and_then(|t| t.alive().then_some(t.pid));

@@ -36,7 +36,6 @@ pub mod traceback;
 pub mod tree;
 
 mod http_target;
-mod memray;
 pub mod short_streams;
 
 use std::collections::BTreeMap;
@@ -83,10 +82,6 @@ pub struct ExternalOptions {
     /// Put plateau's hook into the Python processes of what it spawns (the layers of their
     /// memory; a profiled replay's memray). `--no-python-hook` leaves them alone.
     pub python_hook: bool,
-    /// A profiled replay's own side (`--profile-process`): the processes whose Python heap memray
-    /// records over the window, through the hook: a role of the server's tree, a deployment's
-    /// role (its whole tree), or `*` for every process of the server.
-    pub profile_process: Option<String>,
     /// What the run records of the allocation sites of the server's Python processes, from the
     /// end of warm-up (`--sites`; memray through the hook).
     pub sites: plateau_sites::Depth,
@@ -319,8 +314,8 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
         out_dir: opts.out_dir.clone(),
         window: Vec::new(),
         hook,
-        memray_pids: Vec::new(),
         py_sites: None,
+        window_run: opts.profile_window.is_some(),
     };
     let r = run_with(scenario, opts, plan, &mut HttpTarget { runtime, http })?;
     did_the_work(r)

@@ -48,11 +48,9 @@ pub struct Allocator;
 /// 40-iteration `mixed` run took 5.0-5.6 s with it off and 5.2 s with it on. The `MALLOC_CONF`
 /// environment variable still overrides each option it names.
 ///
-/// Heap profiling is enabled and inactive (`prof:true,prof_active:false`): a run of plateau's own
-/// engine switches it on to record the live bytes of every allocation site (plateau-profile's
-/// `live.rs`); inactive, an allocation pays one check of a flag.
-pub const MALLOC_CONF: &std::ffi::CStr =
-    c"dirty_decay_ms:-1,muzzy_decay_ms:-1,tcache:false,prof:true,prof_active:false";
+/// No heap profiler: a judged run is not perturbed by one (the replay that records plateau's own
+/// allocation sites turns it on through the environment, `MALLOC_CONF`).
+pub const MALLOC_CONF: &std::ffi::CStr = c"dirty_decay_ms:-1,muzzy_decay_ms:-1,tcache:false";
 
 /// A C string pointer that may live in a static (jemalloc's `malloc_conf`).
 #[repr(transparent)]

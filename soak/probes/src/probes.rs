@@ -4,7 +4,8 @@
 //!
 //! What is judged and how it moves (the detector's noise model comes from the quantum declared
 //! here and the steps seen in the data):
-//! - `jemalloc.allocated`: live heap bytes, exact to the byte once the thread cache is flushed;
+//! - `jemalloc.allocated`: live heap bytes, exact to the byte once the thread cache is flushed,
+//!   less what jemalloc allocates for itself (its heap profiler's records: `metadata` counts them);
 //! - `jemalloc.active`, `resident`, `mapped`: whole pages; `metadata`: the allocator's own
 //!   bookkeeping, in small steps as it grows; `retained`: address space jemalloc keeps unmapped
 //!   for reuse, which costs no memory: observed, not judged;
@@ -202,11 +203,23 @@ pub fn read_jemalloc(prefix: &str, values: &mut BTreeMap<String, f64>) {
         stats::metadata::read(),
         stats::retained::read(),
     ];
+    // jemalloc's own objects (its profiler's backtraces and counters, hash tables it grows as it
+    // meets new stacks) are allocated like the program's and counted in `allocated`; they are
+    // its bookkeeping, counted in `metadata` too, not the program's live heap.
+    let internal = internal_bytes();
     for (((name, _, _), r), harness) in JEMALLOC.iter().zip(reads).zip(share) {
         if let Ok(v) = r {
-            values.insert(format!("{prefix}jemalloc.{name}"), v as f64 - harness);
+            let own = if *name == "allocated" { internal } else { 0.0 };
+            values.insert(format!("{prefix}jemalloc.{name}"), v as f64 - harness - own);
         }
     }
+}
+
+/// What jemalloc allocated for itself from its arenas (`stats.arenas.<all>.internal`), read
+/// after the caller advanced the epoch; 0 where it cannot be read.
+fn internal_bytes() -> f64 {
+    // SAFETY: a documented read-only statistic of type size_t (4096: all arenas merged).
+    unsafe { tikv_jemalloc_ctl::raw::read::<usize>(b"stats.arenas.4096.internal\0") }.map_or(0.0, |v| v as f64)
 }
 
 /// Mapping totals by kind.

@@ -8,13 +8,6 @@
 use std::ffi::CString;
 use std::path::Path;
 
-/// The `MALLOC_CONF` a profiled replay starts with: profiling compiled in, enabled and active
-/// from the start, and every allocation sampled (`lg_prof_sample:0`), so that a leak of a few
-/// bytes per request is seen exactly, not estimated. Switched on only at the window's start, the
-/// profiler saw no free of what was allocated before it: a doubling table's new buffer counted in
-/// full and its old one not at all (948 B/iteration of sites against the heap's 193).
-pub const REPLAY_MALLOC_CONF: &str = "prof:true,prof_active:true,lg_prof_sample:0";
-
 /// Whether this binary's jemalloc was built with heap profiling.
 pub fn compiled_in() -> bool {
     // SAFETY: `config.prof` is a read-only bool mallctl.
@@ -25,6 +18,18 @@ pub fn compiled_in() -> bool {
 pub fn enabled() -> bool {
     // SAFETY: `opt.prof` is a read-only bool mallctl.
     unsafe { tikv_jemalloc_ctl::raw::read::<bool>(b"opt.prof\0") }.unwrap_or(false)
+}
+
+/// Whether allocations are being sampled now (`prof.active`).
+pub fn active() -> bool {
+    // SAFETY: `prof.active` is a read-write bool mallctl.
+    unsafe { tikv_jemalloc_ctl::raw::read::<bool>(b"prof.active\0") }.unwrap_or(false)
+}
+
+/// The sample period's base-2 logarithm now (`prof.lg_sample`).
+pub fn lg_sample() -> Option<usize> {
+    // SAFETY: `prof.lg_sample` is a read-only size_t mallctl.
+    unsafe { tikv_jemalloc_ctl::raw::read::<usize>(b"prof.lg_sample\0") }.ok()
 }
 
 /// Starts sampling allocations.

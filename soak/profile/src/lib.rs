@@ -216,16 +216,6 @@ fn sites_of(stacks: &[StackGrowth]) -> Vec<(Frame, i64, i64)> {
     by
 }
 
-/// Reads the three dumps a replay of this binary left in `dir` (`heap-start.prof`,
-/// `heap-mid.prof`, `heap-end.prof`) and symbolizes the stacks that grew in both halves.
-pub fn growth(dir: &Path, start_iter: u64, end_iter: u64, exe: &Path) -> Result<Growth, String> {
-    let dumps = ["heap-start.prof", "heap-mid.prof", "heap-end.prof"].map(|n| read_dump(&dir.join(n)));
-    let [a, m, b] = dumps;
-    let (a, m, b) = (a?, m?, b?);
-    let sym = Symbolizer::new(exe, &b.maps)?;
-    Ok(growth_between([&a, &m, &b], (start_iter, end_iter), exe.display().to_string(), &sym))
-}
-
 /// What growth.json holds: the sites and the replay that found them.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct GrowthRecord {

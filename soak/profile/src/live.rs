@@ -35,7 +35,11 @@ pub const DUMP_FILE: &str = ".sites-heap.prof";
 
 /// What plateau's own process's sites are recorded with, for sites.jsonl.
 pub fn profiler() -> String {
-    format!("jemalloc heap profile, one allocation in {} B sampled", 1u64 << LG_SAMPLE)
+    match control::lg_sample() {
+        Some(0) => "jemalloc heap profile, every allocation".to_string(),
+        Some(lg) => format!("jemalloc heap profile, one allocation in {} B sampled", 1u64 << lg),
+        None => "jemalloc heap profile".to_string(),
+    }
 }
 
 /// The recorder of plateau's own heap by site.
@@ -60,8 +64,12 @@ impl HeapSites {
         if !control::enabled() {
             return Err("jemalloc's heap profiler is not enabled in this process (it needs prof:true at start)".into());
         }
-        control::reset(LG_SAMPLE)?;
-        control::activate()?;
+        // A process started with the profiler active (a replay's child, MALLOC_CONF) samples as
+        // it was told from its first allocation; any other starts here.
+        if !control::active() {
+            control::reset(LG_SAMPLE)?;
+            control::activate()?;
+        }
         let exe = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
         Ok(HeapSites { dump: None, exe, maps: String::new(), seen: BTreeMap::new() })
     }

@@ -1,17 +1,16 @@
-//! The profiled replay, from the parent's side, one for every target: run the same scenario and
-//! seed again in a child `plateau run` over a window of the run, with a profiler on what grew
-//! (jemalloc's for plateau's own engine, here; memray or a preloaded jemalloc for another server,
-//! in plateau-external, which starts the server under it), and turn the growth of both halves of
-//! the window into sites. What every replay explains ([`Explains`]: the failing gauge, its growth
-//! in the run over the window) and how its finding is recorded ([`Explains::record`]: growth.txt,
-//! growth.pb.gz, growth.svg and growth.json, whether it reproduced the run) are the same for all;
-//! only the profiler differs.
+//! The profiled replay, from the parent's side: run the same scenario and seed again in a child
+//! `plateau run` over a window of the run, with a profiler on what grew, and turn the net change
+//! of the live heap in both halves of the window into sites. Only a native server that plateau
+//! starts is replayed (a preloaded jemalloc, in plateau-external): plateau's own engine and a
+//! Python server record their sites as the run goes (plateau-sites). What a replay explains
+//! ([`Explains`]: the failing gauge, its growth in the run over the window) and how its finding
+//! is recorded ([`Explains::record`]: growth.txt, growth.pb.gz, growth.svg and growth.json,
+//! whether it reproduced the run) are here.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use super::control::REPLAY_MALLOC_CONF;
-use super::{growth, write_files, write_record, Growth, GrowthRecord};
+use super::{write_files, write_record, Growth, GrowthRecord};
 
 /// What a profiled replay explains: a gauge's growth in a run, over a window of its iterations.
 #[derive(Debug, Clone, Copy)]
@@ -90,23 +89,6 @@ impl Explains<'_> {
     }
 }
 
-/// A replay of plateau's own engine: the same scenario, seed and injections under jemalloc's
-/// profiler, which dumps the live heap at the window's three quiescent points.
-pub struct ReplaySpec<'a> {
-    /// The `plateau` binary (this one).
-    pub exe: &'a Path,
-    /// The scenario as the user named it (a path or a shipped name).
-    pub scenario: &'a str,
-    pub seed: u64,
-    pub injections: &'a [String],
-    pub explains: Explains<'a>,
-}
-
-/// A replay's growth within this factor of the run's reproduces it: the same allocations, seen
-/// by the profiler instead of the allocator's statistics (which also count allocator metadata
-/// and size-class rounding).
-const REPRODUCED_WITHIN: f64 = 2.0;
-
 /// Whether a replay's growth reproduces the run's: both positive and within a factor `within`.
 pub fn reproduces(replay_bytes_per_iter: f64, run_bytes_per_iter: f64, within: f64) -> bool {
     let ratio = replay_bytes_per_iter / run_bytes_per_iter.max(f64::MIN_POSITIVE);
@@ -147,34 +129,4 @@ pub fn run_to_its_end(cmd: &mut Command) -> Result<(), String> {
         o.status.code(),
         err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
     ))
-}
-
-impl ReplaySpec<'_> {
-    fn args(&self, out: &Path) -> Vec<String> {
-        let window = (self.explains.start_iter, self.explains.end_iter);
-        let mut a = window_run_args(self.scenario, self.seed, window, out);
-        a.extend(["--sample-interval-ms".to_string(), "0".into()]);
-        for i in self.injections {
-            a.extend(["--inject".to_string(), i.clone()]);
-        }
-        a
-    }
-
-    /// The replay as a person would type it.
-    pub fn command(&self) -> String {
-        let out = self.explains.run_dir.join("replay");
-        format!("MALLOC_CONF={REPLAY_MALLOC_CONF} plateau {}", self.args(&out).join(" "))
-    }
-
-    /// Runs the replay and records what it found (see [`Explains::record`]). An error means the
-    /// replay could not be run or read.
-    pub fn run(&self) -> Result<GrowthRecord, String> {
-        let e = &self.explains;
-        let out: PathBuf = e.run_dir.join("replay");
-        let _ = std::fs::remove_dir_all(&out);
-        run_to_its_end(Command::new(self.exe).args(self.args(&out)).env("MALLOC_CONF", REPLAY_MALLOC_CONF))?;
-        let g = growth(&out, e.start_iter, e.end_iter, self.exe)?;
-        // In-process the gauge is the live heap itself: there is nothing to weigh it against.
-        e.record(&g, (e.start_iter, e.end_iter), REPRODUCED_WITHIN, self.command(), None)
-    }
 }

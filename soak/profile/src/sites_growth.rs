@@ -5,7 +5,6 @@
 
 use std::path::Path;
 
-use plateau_reports::MetricVerdict;
 use plateau_sites::SiteLog;
 
 use super::symbolize::Frame;
@@ -22,13 +21,12 @@ fn frame(text: &str) -> Frame {
     Frame { function: function.to_string(), file, line, own }
 }
 
-/// The growth of `metric`'s listed sites over the judged window (`start`..`end`), as the growth
-/// files draw it; None when the metric lists no rising site or the log lacks them.
-pub fn growth_of(log: &SiteLog, metric: &MetricVerdict, (start, end): (u64, u64)) -> Option<Growth> {
+/// The growth of the sites named `names` (of `what`: a gauge's, or every site) over the judged
+/// window (`start`..`end`), as the growth files draw it; None when none rose or the log lacks them.
+pub fn growth_of(log: &SiteLog, names: &[&str], what: &str, (start, end): (u64, u64)) -> Option<Growth> {
     let mut stacks = Vec::new();
-    for (k, s) in metric.sites.iter().enumerate() {
-        let name = s.site.as_deref()?;
-        let def = log.sites.iter().find(|d| d.name == name)?;
+    for (k, name) in names.iter().enumerate() {
+        let def = log.sites.iter().find(|d| d.name == *name)?;
         let series: Vec<(u64, f64)> =
             log.series(def.id as usize).into_iter().filter(|(it, _)| (start..=end).contains(it)).collect();
         let rise = series.last()?.1 - series.first()?.1;
@@ -45,7 +43,7 @@ pub fn growth_of(log: &SiteLog, metric: &MetricVerdict, (start, end): (u64, u64)
     }
     (!stacks.is_empty()).then(|| Growth {
         binary: String::new(),
-        source: format!("the run itself, {} (its sites, as sites.jsonl records them)", metric.name),
+        source: format!("the run, {what} (as sites.jsonl records them)"),
         start_iter: start,
         end_iter: end,
         stacks,
@@ -55,17 +53,45 @@ pub fn growth_of(log: &SiteLog, metric: &MetricVerdict, (start, end): (u64, u64)
     })
 }
 
-/// Writes the growth files of the first failing gauge with rising sites, if any.
+/// Writes the growth files of the first failing gauge with rising sites, else (a run whose sites
+/// were recorded though nothing failed: `--profile`) of the sites of the log that rose most.
 pub fn write(dir: &Path, log: &SiteLog, v: &plateau_reports::Verdict) -> Result<bool, String> {
     let end = v.iterations;
     let start = v.warmup_iterations.min(end);
     for m in v.metrics.iter().filter(|m| m.status == plateau_reports::Status::Fail && !m.sites.is_empty()) {
-        if let Some(g) = growth_of(log, m, (start, end)) {
+        let names: Vec<&str> = m.sites.iter().filter_map(|s| s.site.as_deref()).collect();
+        if let Some(g) = growth_of(log, &names, &format!("{}'s sites", m.name), (start, end)) {
             write_files(dir, &g, v.requests_per_iter, "")?;
             return Ok(true);
         }
     }
-    Ok(false)
+    if v.failed() {
+        return Ok(false);
+    }
+    let mut risers: Vec<(f64, &str)> = log
+        .sites
+        .iter()
+        .filter_map(|d| {
+            let series: Vec<(u64, f64)> =
+                log.series(d.id as usize).into_iter().filter(|(it, _)| (start..=end).contains(it)).collect();
+            let rise = series.last()?.1 - series.first()?.1;
+            (rise > 0.0).then_some((rise, d.name.as_str()))
+        })
+        .collect();
+    risers.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+    let names: Vec<&str> = risers.iter().take(10).map(|r| r.1).collect();
+    let what = "the sites that rose most, nothing failing";
+    let g = growth_of(log, &names, what, (start, end)).unwrap_or_else(|| Growth {
+        binary: String::new(),
+        source: format!("the run, {what} (as sites.jsonl records them): none rose"),
+        start_iter: start,
+        end_iter: end,
+        stacks: Vec::new(),
+        one_half_only: (0, 0),
+        shrank: (0, 0),
+        once: Vec::new(),
+    });
+    write_files(dir, &g, v.requests_per_iter, "").map(|()| true)
 }
 
 #[cfg(test)]

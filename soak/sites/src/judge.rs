@@ -20,7 +20,7 @@ use plateau_detector::stats::{median, theil_sen};
 use plateau_detector::Overrides;
 use plateau_reports::{Header, Kind as MetricKind, MetricSpec, Row, Samples, Status, ROLE_REQUESTS};
 
-use super::record::SiteLog;
+use super::read::SiteLog;
 
 /// What a site is, as its series was judged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

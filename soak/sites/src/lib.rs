@@ -10,12 +10,14 @@
 //! Lifecycle: a recorder (plateau's own process: jemalloc's heap profile, in plateau-profile;
 //! a Python server: memray inside its processes, in plateau-external) writes a
 //! [`record::Snapshot`] per process at each quiescent point through a [`record::SitesWriter`];
-//! `plateau-analysis` reads the log back ([`record::SiteLog`]) and hands it to the detector as
+//! `plateau-analysis` reads the log back ([`read::SiteLog`]) and hands it to the detector as
 //! [`explain::SiteEvidence`], so every command that judges a run directory (run, analyze, report,
 //! history) draws its verdict once, with its sites.
 
+mod churn;
 pub mod explain;
 pub mod judge;
+pub mod read;
 pub mod record;
 
 pub use explain::SiteEvidence;
@@ -56,4 +58,5 @@ impl Depth {
         }
     }
 }
-pub use record::{Domain, Live, Process, Recorded, SiteLog, SiteName, SitesWriter, Snapshot, SITES_FILE};
+pub use read::SiteLog;
+pub use record::{Domain, Live, Process, Recorded, SiteName, SitesWriter, Snapshot, SITES_FILE};

@@ -65,18 +65,13 @@ pub struct ExternalArgs {
     /// Do not put plateau's hook into the spawned server's Python processes. By default the
     /// hook (a `sitecustomize` module first on their PYTHONPATH, which runs the environment's own
     /// after it) reports each Python process's objects, its allocators' holdings and malloc's
-    /// (`target.ROLE.py.*`, `target.ROLE.malloc.*`) at every quiescent point, and starts memray
-    /// inside the process that grew for a profiled replay. With the hook, the server starts with
+    /// (`target.ROLE.py.*`, `target.ROLE.malloc.*`) at every quiescent point, and records each
+    /// process's allocation sites with memray (`--sites`). With the hook, the server starts with
     /// glibc's per-thread caches of freed chunks off (GLIBC_TUNABLES=glibc.malloc.tcache_count=0,
     /// added to the user's own unless it sets that itself), so malloc's in-use figure is what the
     /// program holds, not what its threads keep for reuse.
     #[arg(long, help_heading = "External target")]
     pub(super) no_python_hook: bool,
-    /// The profiled replay's own side (set by plateau for the child it runs): record memray
-    /// inside these processes over the window (a role of the server's processes, a deployment's
-    /// role, or * for all).
-    #[arg(long, hide = true, value_name = "ROLE", help_heading = "External target")]
-    pub(super) profile_process: Option<String>,
 }
 
 /// Seconds a spawned server may take to start and answer: vLLM and SGLang load a model first.
@@ -112,7 +107,7 @@ impl ExternalArgs {
         url: &'a str,
         roles: Vec<String>,
         injections: Vec<String>,
-    ) -> super::sites::ServerRun<'a> {
+    ) -> super::replay::ServerRun<'a> {
         let mut args: Vec<String> = self.limit_flags().into_iter().flat_map(|(f, v)| [f.to_string(), v]).collect();
         if let Some(m) = &self.metrics_map {
             args.extend(["--metrics-map".to_string(), m.display().to_string()]);
@@ -123,13 +118,13 @@ impl ExternalArgs {
         if self.no_python_hook {
             args.push("--no-python-hook".into());
         }
-        use super::sites::Started;
+        use super::replay::Started;
         let started = match (&self.topology, &self.spawn) {
             (Some(topology), _) => Started::Deployment { topology, injections, roles },
             (None, Some(spawn)) => Started::Server { url, spawn },
             (None, None) => Started::Nothing,
         };
-        super::sites::ServerRun { started, target_args: args }
+        super::replay::ServerRun { started, target_args: args }
     }
 
     /// A shrink's or a fuzz's origin: `flags`, then this target's settings (without the target
@@ -228,7 +223,6 @@ impl ExternalArgs {
             dialect: self.dialect,
             topology: topology.cloned(),
             python_hook: !self.no_python_hook,
-            profile_process: self.profile_process.clone(),
             sites: opts.sites,
         };
         Ok(ext)

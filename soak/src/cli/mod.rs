@@ -14,12 +14,12 @@ pub mod fuzz;
 pub mod history;
 pub mod list;
 pub mod node;
+pub mod replay;
 pub mod report;
 pub mod run;
 pub mod selftest;
 pub mod serve;
 pub mod shrink;
-pub mod sites;
 
 pub const PASS: u8 = 0;
 pub const LEAK: u8 = 1;

@@ -67,12 +67,12 @@ pub struct Args {
     /// (default: the scenario's, else 1B/request).
     #[arg(long)]
     tolerance: Option<Tolerance>,
-    /// Replay the run with a heap profiler and name the allocation sites of its heap growth
-    /// (growth.txt, growth.pb.gz, growth.svg), even if the heap did not fail: jemalloc's for
-    /// plateau's engine; with --target --spawn, memray for a Python server or a preloaded
-    /// jemalloc for a native one; with --topology, the deployment started again with the
-    /// process of the role that grew most under that profiler. A heap that fails is always
-    /// replayed (a deployment: the first role whose process memory failed).
+    /// Record the allocation sites and draw their growth (growth.txt, growth.pb.gz, growth.svg)
+    /// even if nothing failed: plateau's own engine is replayed with jemalloc's profiler on
+    /// every allocation (a failing or undecided heap always is); a native server plateau starts
+    /// (--target --spawn) is replayed under a preloaded jemalloc (with --topology, the
+    /// deployment started again with the process of the role that grew most under it). A Python
+    /// server's sites are recorded by the run itself (--sites).
     #[arg(long)]
     profile: bool,
     /// The profiled replay's own side (set by plateau for the child it runs): mark the heap at
@@ -89,6 +89,10 @@ pub struct Args {
     /// fraction of the cost; Python's small objects unexplained); `off`: none.
     #[arg(long, value_name = "full|heap|off", default_value = "full")]
     sites: plateau_soak::sites::Depth,
+    /// A replay's own side (set by plateau for the child it runs): record plateau's own heap by
+    /// site at every quiescent point, with the profiler MALLOC_CONF started.
+    #[arg(long, hide = true)]
+    record_sites: bool,
     /// End the run at the first quiescent point where the exact layer fails (a per-request
     /// registry not back to zero, a bounded one over its capacity): a registry leak is decided
     /// there; the gauges are not judged past it.
@@ -127,18 +131,16 @@ pub fn main(a: Args) -> u8 {
         profile_window,
         no_replay,
         sites,
+        record_sites,
         stop_on_exact_failure,
         stop_when_decided,
         external,
         ci,
     } = a;
-    let mut s = match load(&scenario, profile) {
+    let mut s = match load(&scenario, profile).and_then(|s| external.check().map(|()| s)) {
         Ok(s) => s,
         Err(code) => return code,
     };
-    if let Err(code) = external.check() {
-        return code;
-    }
     // A deployment's file, its ports taken now: its URL is the run's target.
     let topology = match load_topology(&external, &scenario, &inject) {
         Ok(t) => t,
@@ -161,14 +163,13 @@ pub fn main(a: Args) -> u8 {
         Ok(o) => o,
         Err(code) => return code,
     };
-    // The profiled replay's child writes into its own directory: only the run itself records
-    // where it ran.
-    let environment = match profile_window {
-        Some(_) => None,
-        None => {
-            let seed = seed.unwrap_or(s.soak.seed);
+    // A replay's child writes into its own directory: only the run itself records where it ran.
+    let environment = match profile_window.is_none() && !record_sites {
+        false => None,
+        true => {
             let backend =
                 if target_url.is_some() { "external" } else { backend.as_deref().unwrap_or(&s.engine.backend) };
+            let seed = seed.unwrap_or(s.soak.seed);
             match record_run(&s, &scenario, seed, backend, target_url.as_deref(), &origin, &out_dir) {
                 Ok(env) => Some(env),
                 Err(code) => return code,
@@ -194,6 +195,8 @@ pub fn main(a: Args) -> u8 {
         stop_on_exact_failure,
         stop_when_decided,
         sites,
+        record_sites,
+        profile,
     };
     let f = Finish {
         target_url: target_url.as_deref(),
@@ -367,7 +370,7 @@ fn finish(mut r: driver::RunResult, opts: &RunOptions, f: Finish) -> u8 {
         Some(url) => {
             let roles = f.topology.iter().flat_map(|t| t.processes.iter().map(|p| p.role.clone())).collect();
             let server = f.external.replay_of(url, roles, r.verdict.injections.clone());
-            super::sites::server_sites(&mut r, opts, &server, f.profile)
+            super::replay::server_sites(&mut r, opts, &server, f.profile)
         }
     };
     if let Some(code) = named {

@@ -13,7 +13,7 @@ fn a_counter_that_goes_down_fails() {
     let mut s = gauge(40, |i| i as f64);
     s.header.metrics.insert("g".into(), MetricSpec::new(Kind::Counter, "count"));
     s.rows[30].values[0] = Some(3.0);
-    let v = analyze(&s, &DetectorConfig::default(), None);
+    let v = analyze(&s, &DetectorConfig::default(), None, None);
     assert_eq!((v.metrics[0].status, v.metrics[0].first_iter), (Status::Fail, Some(31)));
 }
 
@@ -22,7 +22,7 @@ fn failed_idle_checks_are_exact_failures_with_their_first_iteration() {
     let mut s = gauge(50, |_| BASE);
     s.rows[9].checks.insert("check.kv_accounting".into(), "free + cached + used != total".into());
     s.rows[12].checks.insert("check.kv_accounting".into(), "free + cached + used != total".into());
-    let v = analyze(&s, &DetectorConfig::default(), None);
+    let v = analyze(&s, &DetectorConfig::default(), None, None);
     let m = v.metrics.iter().find(|m| m.name == "check.kv_accounting").unwrap();
     assert_eq!((m.status, m.first_iter, m.kind.as_str()), (Status::Fail, Some(10), "check"));
 }
@@ -39,7 +39,7 @@ fn per_request_fails_at_the_first_leaked_entry() {
     // Non-quiescent samples may hold requests in flight.
     s.rows[2].quiescent = false;
     s.rows[2].values[1] = Some(40.0);
-    let v = analyze(&s, &DetectorConfig::default(), None);
+    let v = analyze(&s, &DetectorConfig::default(), None, None);
     let m = v.metrics.iter().find(|m| m.name == "registry.r").unwrap();
     assert_eq!((m.status, m.first_iter), (Status::Fail, Some(7)));
     assert!(v.attribution.iter().any(|a| a.contains("registry.r")));
@@ -55,7 +55,7 @@ fn bounded_fails_above_capacity() {
     for r in &mut s.rows {
         r.values = vec![r.values[0], Some(if r.iter == 12 { 5.0 } else { 4.0 })];
     }
-    let v = analyze(&s, &DetectorConfig::default(), None);
+    let v = analyze(&s, &DetectorConfig::default(), None, None);
     let m = v.metrics.iter().find(|m| m.name == "registry.b").unwrap();
     assert_eq!((m.status, m.first_iter), (Status::Fail, Some(12)));
 }

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ServerKind {
-    /// A Python interpreter: its allocations are read with memray, by Python stack.
+    /// A Python interpreter: its allocation sites are recorded by the run itself, with memray
+    /// through plateau's hook.
     Python { exe: PathBuf },
     /// A native program on the C library's allocator: profiled by preloading jemalloc.
     Native { exe: PathBuf },
@@ -34,7 +35,10 @@ impl ServerKind {
     /// One line for a person: what the server is and how its heap can be seen.
     pub fn describe(&self) -> String {
         match self {
-            ServerKind::Python { exe } => format!("a Python server ({}): its heap is read with memray", exe.display()),
+            ServerKind::Python { exe } => format!(
+                "a Python server ({}): its allocation sites are recorded by the run itself (memray through plateau's hook, `--sites`), and no second run of it can see more",
+                exe.display()
+            ),
             ServerKind::Native { exe } => {
                 format!("a native server on the C library's malloc ({}): its heap is read by a preloaded jemalloc", exe.display())
             }

@@ -22,7 +22,6 @@
 //! and the mapping diff is what says where memory grew.
 
 pub mod kind;
-pub mod memray;
 pub mod native;
 
 use std::path::{Path, PathBuf};
@@ -121,9 +120,6 @@ pub struct ExternalReplay<'a> {
     pub kind: &'a ServerKind,
     /// The other gauges of the process's memory its live heap is weighed against too.
     pub also: Vec<String>,
-    /// Which of the server's processes a Python server's replay records (`--profile-process`): a
-    /// role of its tree, a deployment's role, or `*` for all of it.
-    pub process: String,
 }
 
 impl ExternalReplay<'_> {
@@ -136,9 +132,6 @@ impl ExternalReplay<'_> {
         let mut a = plateau_profile::replay::window_run_args(self.scenario, self.seed, window, &self.out());
         a.extend(self.target_args.iter().cloned());
         a.extend(self.launch.args(env));
-        if matches!(self.kind, ServerKind::Python { .. }) {
-            a.extend(["--profile-process".to_string(), self.process.clone()]);
-        }
         a
     }
 
@@ -156,29 +149,16 @@ impl ExternalReplay<'_> {
         // The replay's own run directory, marked before the profiler's files go in.
         plateau_reports::fsutil::claim_run_dir(&out)?;
         let env = match self.kind {
-            ServerKind::Python { .. } => memray::prepare(&out)?,
             ServerKind::Native { .. } => native::prepare(&out)?,
-            ServerKind::OwnAllocator { .. } => return Err(self.kind.describe()),
+            ServerKind::Python { .. } | ServerKind::OwnAllocator { .. } => return Err(self.kind.describe()),
         };
         let command = self.command(&env);
         plateau_profile::replay::run_to_its_end(Command::new(self.exe).args(self.args(&env)))?;
         let window = Window::read(&out)?;
-        let growth: Growth = match self.kind {
-            ServerKind::Python { exe } => {
-                let package = match self.launch {
-                    Launch::Server { spawn, .. } => memray::server_package(spawn),
-                    Launch::Role { .. } => None,
-                };
-                memray::growth(exe, &out, &window, package.as_deref())?
-            }
-            _ => native::growth(&out, &window)?,
-        };
+        let growth: Growth = native::growth(&out, &window)?;
         let live_heap = LiveHeap {
             bytes_per_iter: growth.net_bytes_per_iter(),
-            source: match self.kind {
-                ServerKind::Python { .. } => "memray".into(),
-                _ => "jemalloc's heap dumps".into(),
-            },
+            source: "jemalloc's heap dumps".into(),
             also: self.also.clone(),
         };
         self.explains.record(&growth, (window.iters[0], window.iters[2]), REPRODUCED_WITHIN, command, Some(live_heap))

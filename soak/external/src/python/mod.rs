@@ -19,8 +19,8 @@
 //!
 //! The relations are declared in the samples header, so the judge weighs a process's RSS against
 //! what it holds: objects kept, native memory kept, or pages an allocator keeps. The same socket
-//! starts and stops memray inside a process for a profiled replay's window
-//! ([`Hook::ask`] with `memray-start PATH` / `memray-stop`).
+//! starts and stops memray inside a process in live mode, whose reader records the process's
+//! allocation sites as the run goes (`sites.rs`).
 //!
 //! Lifecycle: [`Hook::create`] writes the module into a short folder under the system's temporary
 //! folder (a Unix socket path is limited to 108 bytes) at the start of a run against a server

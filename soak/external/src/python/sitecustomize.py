@@ -23,8 +23,7 @@
 #   memray-mark SEQ    a marker allocated at a quiescent point (a buffer of 1,000,001 + SEQ bytes,
 #                      replacing the one before): once the reader sees it, every allocation and free
 #                      before it has reached the reader
-#   memray-start PATH  memray's tracker started here, writing PATH (a profiled replay's window)
-#   memray-stop        the tracker stopped: the capture is complete
+#   memray-stop        the tracker stopped
 # At exit the socket file goes. Then the environment's own sitecustomize, if it has one, runs as it
 # would have without this one. Nothing here may break the server: every failure is an answer.
 import os
@@ -160,19 +159,6 @@ def _plateau_hook():
             out["malloc_free_bytes"] = m.fordblks
         return out
 
-    def memray_start(path):
-        if state["tracker"] is not None:
-            return {"error": "memray is already tracking in this process"}
-        try:
-            import memray
-        except ImportError:
-            return {"error": "no memray", "executable": sys.executable}
-        tracker = memray.Tracker(path, native_traces=False, trace_python_allocators=True, follow_fork=False,
-                                 memory_interval_ms=10)
-        tracker.__enter__()
-        state["tracker"] = tracker
-        return {"ok": True, "executable": sys.executable}
-
     def memray_live(args):
         if state["tracker"] is not None or state.get("starting"):
             return {"error": "memray is already tracking in this process"}
@@ -221,8 +207,6 @@ def _plateau_hook():
         cmd, _, arg = line.strip().partition(" ")
         if cmd == "stats":
             return stats()
-        if cmd == "memray-start":
-            return memray_start(arg)
         if cmd == "memray-stop":
             return memray_stop()
         if cmd == "memray-live":

@@ -18,7 +18,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use plateau_sites::{Depth, Domain, Live, Process, Recorded, SiteName, Snapshot};
+use plateau_sites::{Depth, Domain, Process, Recorded, SiteName, Snapshot};
 
 use super::Hook;
 
@@ -84,7 +84,7 @@ impl Recorder {
                 return Err(format!("the reader's site {s}: not [name, domain, bytes, objects, stack]"));
             };
             let stack = s[4].as_array().map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect());
-            let e = snap.sites.entry((domain, name.to_string())).or_insert_with(Live::default);
+            let e = snap.sites.entry((domain, name.to_string())).or_default();
             e.bytes += bytes;
             e.objects += objects;
             if e.stack.is_empty() {

@@ -1,6 +1,8 @@
-//! After a run: the profiled replay that names where memory grew, for plateau's own engine
-//! (jemalloc's profiler in a child `plateau`) or for a server plateau started (memray for Python,
-//! a preloaded jemalloc for a native server); then the verdict is drawn again with the sites.
+//! After a run against a native server whose process memory failed (or with --profile): the
+//! profiled replay that names where it grew, a preloaded jemalloc dumping the server's live heap
+//! at the replay's quiescent points, their net change per stack named; then the verdict is drawn
+//! again with the sites. plateau's own engine and a Python server record their allocation sites
+//! as the run goes (sites.jsonl): they are never replayed.
 
 use plateau_reports::Status;
 use plateau_soak::driver::{self, RunOptions};
@@ -15,104 +17,11 @@ const REPLAY_ITERATIONS: u64 = 40;
 
 /// The replay's window, where the run grew: it ends where the growth became conclusive (at least
 /// `REPLAY_ITERATIONS` past warm-up, at most the run's length) and spans the `REPLAY_ITERATIONS`
-/// before, never into warm-up. A cache that filled early and a creep that came after it are then
-/// told apart: the window holds the creep, not the fill.
+/// before, never into warm-up.
 fn replay_window(warmup: u64, iterations: u64, first_iter: Option<u64>) -> (u64, u64) {
     let start = warmup.max(1);
     let end = iterations.min((start + REPLAY_ITERATIONS).max(first_iter.unwrap_or(0)));
     (start.max(end.saturating_sub(REPLAY_ITERATIONS)), end)
-}
-
-/// Iterations the window of a staircase keeps on the far side of its two steps: a level of
-/// five points holds its median through a blip (as the staircase view's segments do).
-const STEP_MARGIN: u64 = 5;
-
-/// The replay's window for a heap that grows in steps: from just before its second-to-last step
-/// event to just after its last step, so each half of the window holds one whole event. The replay counts a
-/// stack that grew in both halves; a window of the 40 iterations before the verdict was conclusive
-/// held one doubling of an id set near its end and blamed nothing. None when the heap is no
-/// climbing staircase of two steps or more.
-fn staircase_window(s: &plateau_reports::Samples, warmup: u64, iterations: u64) -> Option<(u64, u64)> {
-    let i = s.index("jemalloc.allocated")?;
-    let quantum = s.header.metrics.get("jemalloc.allocated").and_then(|m| m.quantum).unwrap_or(1.0);
-    let (x, y): (Vec<f64>, Vec<f64>) =
-        s.quiescent_series(i).into_iter().filter(|(it, _)| *it >= warmup).map(|(it, v)| (it as f64, v)).unzip();
-    let st = plateau_soak::detector::steps::staircase(&x, &y, quantum).filter(|st| st.climbs())?;
-    // Steps close together are one event (two engines' tables doubling a few iterations apart):
-    // the window runs from the second-to-last event to the last step.
-    let events = st.events();
-    if events.len() < 2 {
-        return None;
-    }
-    let (a, b) = (events[events.len() - 2] as u64, st.ups[st.ups.len() - 1].0 as u64);
-    let start = a.saturating_sub(STEP_MARGIN).max(warmup.max(1));
-    let end = (b + STEP_MARGIN).min(iterations);
-    (end > b && start < a).then_some((start, end))
-}
-
-/// After a run whose heap failed (or with --profile), the profiled replay that names where it
-/// grew; then the verdict is drawn again with the sites. Some(exit code) when the replay could not
-/// be run (the run's verdict stays written) or the growth is in another process.
-pub fn heap_sites(r: &mut driver::RunResult, opts: &RunOptions, profile: bool) -> Option<u8> {
-    if opts.profile_window.is_some() || r.interrupted {
-        return None;
-    }
-    // A node process's heap (`decode.jemalloc.allocated`) is not replayed: the verdict says so
-    // (analysis::note_node_heaps).
-    let heap = r.verdict.metrics.iter().find(|m| m.name == "jemalloc.allocated")?;
-    if !(profile || heap.status == plateau_reports::Status::Fail) {
-        return None;
-    }
-    let warmup = r.verdict.warmup_iterations;
-    // The run's samples, read once: the window and the run's growth over it.
-    let samples = plateau_reports::Samples::read(&r.out_dir.join("samples.jsonl")).ok();
-    let (start, end) = samples
-        .as_ref()
-        .and_then(|s| staircase_window(s, warmup, r.iterations))
-        .unwrap_or_else(|| replay_window(warmup, r.iterations, heap.first_iter));
-    if end <= start {
-        eprintln!("plateau: no profiled replay: the run ended within its warm-up");
-        return None;
-    }
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("plateau: the profiled replay cannot find this binary: {e}");
-            return Some(HARNESS);
-        }
-    };
-    let injections: Vec<String> = r.verdict.injections.clone();
-    let spec = plateau_soak::heapprof::replay::ReplaySpec {
-        exe: &exe,
-        scenario: &opts.scenario_source,
-        seed: r.verdict.seed,
-        injections: &injections,
-        explains: Explains {
-            run_dir: &r.out_dir,
-            start_iter: start,
-            end_iter: end,
-            metric: "jemalloc.allocated",
-            // The run's own growth over the replay's window, so that like is compared with like
-            // (a cache that filled before the window, or a growth that starts after it, would
-            // make the run's overall rate another figure).
-            run_bytes_per_iter: samples
-                .as_ref()
-                .and_then(|s| plateau_soak::detector::window_rate(s, "jemalloc.allocated", start, end))
-                .unwrap_or_else(|| heap.trend.as_ref().map_or(0.0, |t| t.slope_per_iter)),
-            requests_per_iter: r.verdict.requests_per_iter,
-        },
-    };
-    eprintln!("plateau: profiling a replay of iterations {start}..{end} for the heap's allocation sites");
-    if let Err(e) = spec.run() {
-        // The replay is evidence for the verdict, not the verdict: a leak stays a leak (exit 1)
-        // when no line could be named, and the verdict says why.
-        eprintln!("plateau: no allocating line named: the profiled replay could not run: {e}");
-        if let Err(e) = spec.explains.record_failure(format!("the profiled replay could not run: {e}")) {
-            eprintln!("plateau: {e}");
-            return Some(HARNESS);
-        }
-    }
-    rejudge(r)
 }
 
 /// A gauge's rate over the quiescent points of [start, end] in the run's samples.
@@ -304,9 +213,10 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
         }
         (k, false) => k,
     });
-    let (process, whose) = process_names(chosen.process.as_deref(), scope);
+    let whose = process_names(chosen.process.as_deref(), scope);
     let why: String = match (launch, kind) {
         _ if end <= start => "the run ended within its warm-up: no window to replay".into(),
+        (_, Ok(ServerKind::Python { exe })) => unrecorded_python(&exe, opts, server),
         (None, _) => "the server was given by --pid: a profiled replay starts a fresh server under a profiler, so give its command with --spawn to name the allocating line".into(),
         (Some(_), Err(e)) => e,
         (Some(launch), Ok(kind)) => {
@@ -330,7 +240,6 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
                     .map(|n| format!("{own}{n}"))
                     .filter(|n| *n != metric && has_gauge(n))
                     .collect(),
-                process,
             };
             if !matches!(kind, ServerKind::OwnAllocator { .. }) {
                 eprintln!("plateau: {whose}{}; profiling a replay of iterations {start}..{end}", kind.describe());
@@ -349,21 +258,33 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
     rejudge(r)
 }
 
-/// The process a replay profiles (its name, else the role's, else any: `*`) and how messages name
-/// it ("the engine process of decode: ").
-fn process_names(process: Option<&str>, scope: Option<&str>) -> (String, String) {
-    let name = match (process, scope) {
-        (Some(p), _) => p.to_string(),
-        (None, Some(role)) => role.to_string(),
-        (None, None) => "*".to_string(),
-    };
-    let whose = match (process, scope) {
+/// How messages name the process a replay profiles ("the engine process of decode: ").
+fn process_names(process: Option<&str>, scope: Option<&str>) -> String {
+    match (process, scope) {
         (Some(p), Some(r)) => format!("the {p} process of {r}: "),
         (Some(p), None) => format!("the {p} process: "),
         (None, Some(r)) => format!("the {r} process: "),
         (None, None) => String::new(),
+    }
+}
+
+/// Why a Python server's run recorded no allocation sites of its own (it records them as it goes;
+/// a second run of it would see no more).
+fn unrecorded_python(exe: &std::path::Path, opts: &RunOptions, server: &ServerRun) -> String {
+    let why = if opts.sites == plateau_soak::sites::Depth::Off {
+        "--sites off".to_string()
+    } else if server.target_args.iter().any(|a| a == "--no-python-hook") {
+        "--no-python-hook: memray starts inside the server's processes through plateau's hook".to_string()
+    } else if matches!(server.started, Started::Nothing) {
+        "the server was given by --pid or its URL: plateau puts its hook only into the servers it starts (--spawn)"
+            .to_string()
+    } else {
+        "see the sites notes in the verdict".to_string()
     };
-    (name, whose)
+    format!(
+        "a Python server ({}): its allocation sites are recorded by the run itself, and this run recorded none: {why}",
+        exe.display()
+    )
 }
 
 /// The run's rate over the replay's window of what the replay measures: for a layer of a Python
