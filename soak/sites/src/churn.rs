@@ -9,8 +9,13 @@ use plateau_detector::series::{fmt_value, round_up_50};
 use plateau_detector::DetectorConfig;
 use plateau_reports::{MetricVerdict, Samples, Status};
 
-use super::explain::{holds, judged, under, window_rise, SiteEvidence};
+use super::explain::{holds, judged, settle, under, window_rise, SiteEvidence};
 use super::judge::{SiteJudgement, SiteKind};
+
+/// The process's pages may rise this many times what the allocator keeps and still be its
+/// keeping (see `churn`): in the churning stdlib server of soak/README.md's cases, malloc's freed
+/// memory and the pages rose by the same 244 KiB.
+const KEPT_SLACK: f64 = 1.25;
 
 impl SiteEvidence<'_> {
     /// The allocator's pages kept under churn (see the module's doc): overheads of a heap that
@@ -57,24 +62,24 @@ impl SiteEvidence<'_> {
             let live = judged(s, &heap, warmup);
             let live = live.last().copied().unwrap_or(0.0);
             let quantum = m.trend.as_ref().map_or(1.0, |t| t.quantum);
-            let matched = own || rise <= 1.25 * kept + 2.0 * quantum;
+            // The pages' rise must be the allocator's kept memory: it comes a page at a time
+            // (two quanta: the rounding at either end) and with the pages around the kept chunks
+            // touched (a quarter more); pages that rose beyond it are memory of another kind.
+            let matched = own || rise <= KEPT_SLACK * kept + 2.0 * quantum;
             if rise <= 0.0 || !matched || rise > live {
                 continue;
             }
             let last = s.rows.iter().filter(|r| r.quiescent).map(|r| r.iter).max().unwrap_or(0) as f64;
             let needs = m.needs_iterations.unwrap_or_else(|| round_up_50(last * 1.5));
             let v = |x: f64| fmt_value(x, &m.unit);
-            m.status = Status::Inconclusive;
-            m.first_iter = None;
-            m.projected = None;
-            m.needs_iterations = Some(needs);
-            m.reason = format!(
+            let reason = format!(
                 "{}; but the heap it serves ({heap}, {} live) levelled off and its recorded sites hold no leak, and this rise of {} is the allocator keeping freed pages under churn{}, at most the live heap: freed memory kept is no leak of the program's, yet whether the allocator stops keeping more (fragmentation that levels off) needs a longer run: undecided; {needs} iterations would tell",
                 m.reason.split("; that is").next().unwrap_or_default(),
                 v(live),
                 v(rise),
                 if own { String::new() } else { format!(" (the allocator's own overheads rose {})", v(kept)) }
             );
+            settle(m, Status::Inconclusive, Some(needs), reason);
             lines.push(format!("sites: {} is the allocator's pages kept under churn, undecided: {}", m.name, m.reason));
         }
     }

@@ -324,36 +324,26 @@ fn decide(
         let all_level = fills.iter().all(|j| j.kind == SiteKind::Fill && j.status == Status::Pass);
         let what: Vec<String> = sites.iter().map(|(s, _)| fill_story(s)).collect();
         if all_level {
-            m.status = Status::Pass;
-            m.first_iter = None;
-            m.projected = None;
-            m.needs_iterations = None;
-            m.reason = format!(
+            let reason = format!(
                 "grew by {}, {:.0}% of it in sites that filled and levelled off or turn over, none leaking: {}",
                 fmt_value(e.rise, &m.unit),
                 100.0 * explained,
                 what.join("; ")
             );
+            settle(m, Status::Pass, None, reason);
         } else {
             let needs = fills.iter().filter_map(|j| j.needs_iterations).max();
-            m.status = Status::Inconclusive;
-            m.first_iter = None;
-            m.projected = None;
-            m.needs_iterations = needs;
-            m.reason = format!(
+            let reason = format!(
                 "grew by {}, {:.0}% of it in sites that are no leak but have not levelled off yet: {}{}",
                 fmt_value(e.rise, &m.unit),
                 100.0 * explained,
                 what.join("; "),
                 needs.map(|n| format!("; {n} iterations would decide")).unwrap_or_default()
             );
+            settle(m, Status::Inconclusive, needs, reason);
         }
     } else if let (Status::Fail, Some(d)) = (m.status, unblamed_fill(e)) {
-        m.status = Status::Inconclusive;
-        m.first_iter = None;
-        m.projected = None;
-        m.needs_iterations = Some(d.needs_iterations);
-        m.reason = format!(
+        let reason = format!(
             "{}; no site of it leaks (its sites explain {:.0}% of it, as fills), and it rises as a fill dying away: its last half rose {:.0}% as much as its first (at most {:.0}%), toward about {}: undecided; {} iterations would decide",
             m.reason.split("; that is").next().unwrap_or_default(),
             100.0 * explained,
@@ -362,6 +352,7 @@ fn decide(
             fmt_value(d.bound, &m.unit),
             d.needs_iterations
         );
+        settle(m, Status::Inconclusive, Some(d.needs_iterations), reason);
     } else if m.status == Status::Fail && e.share.is_some() {
         m.reason.push_str(&format!("; its recorded sites explain {:.0}% of it", 100.0 * explained));
     }
@@ -378,6 +369,16 @@ fn unblamed_fill(e: &Explained) -> Option<super::judge::DyingFill> {
     let (x, y) = &e.points;
     let climbing = plateau_detector::steps::staircase(x, y, 1.0).is_some_and(|st| st.climbs());
     (!climbing).then(|| super::judge::dying_fill(x, y)).flatten()
+}
+
+/// A gauge decided by its sites: its status, the length that would decide it, and why; no
+/// failure's first iteration or projection stays on it.
+pub(crate) fn settle(m: &mut MetricVerdict, status: Status, needs_iterations: Option<u64>, reason: String) {
+    m.status = status;
+    m.first_iter = None;
+    m.projected = None;
+    m.needs_iterations = needs_iterations;
+    m.reason = reason;
 }
 
 /// A fill as the verdict tells it: its size and, where known, its bound.

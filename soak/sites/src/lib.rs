@@ -60,3 +60,6 @@ impl Depth {
 }
 pub use read::SiteLog;
 pub use record::{Domain, Live, Process, Recorded, SiteName, SitesWriter, Snapshot, SITES_FILE};
+
+#[cfg(test)]
+mod tests;

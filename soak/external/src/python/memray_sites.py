@@ -20,7 +20,8 @@ one JSON line each on standard output:
 A site is the innermost Python frame (`FILE:LINE FUNCTION`, FILE relative to the top of its
 package: the first directory up that is not a package), else, for an allocation no Python code
 made (a C library's own thread), the innermost native frame past the allocator and the C library
-(`native:SOURCE:LINE FUNCTION`, named by its library in plateau). Its domain is the allocator
+(`native:SOURCE:LINE FUNCTION`, named by its library in plateau), or where that frame has no
+symbol (a stripped library) the thread that allocated (`native:thread NAME`). Its domain is the allocator
 layer its bytes are in: `pymalloc` for Python's allocator serving objects of at most 512 bytes,
 `malloc` for the C library's malloc (Python's larger objects, native code), `mmap` for mappings.
 """
@@ -58,17 +59,21 @@ def package_relative(path):
     return os.path.relpath(path, top) if path.startswith(top + os.sep) else path
 
 
-def native_name(frames):
+def native_name(frames, thread):
+    """The first frame past the allocator and the C library; where it has no symbol (a stripped
+    library), the thread that allocated (its name where it has one)."""
     for function, source, line in frames:
         if any(function.startswith(p) or p in function for p in ALLOCATOR_FRAMES):
             continue
+        if function == "<unknown>":
+            return "native:thread %s" % (thread or "?")
         src = os.path.basename(source) if source and source != "<unknown>" else "?"
         return "native:%s:%d %s" % (src, line or 0, function)
-    return "native:? (no frame past the allocator)"
+    return "native:thread %s" % (thread or "?")
 
 
 def name_of(rec):
-    key = (rec.stack_id, rec.native_stack_id, rec.allocator)
+    key = (rec.stack_id, rec.native_stack_id, rec.allocator, rec.thread_name)
     if key in _named:
         return _named[key]
     py = rec.stack_trace(max_stacks=64)
@@ -81,7 +86,7 @@ def name_of(rec):
         stack = ["%s:%d %s" % (package_relative(p), ln, f) for f, p, ln in py[:24]]
     else:
         native = rec.native_stack_trace(max_stacks=24) if has_native else []
-        name = native_name(native) if native else "(no Python frame, no native trace)"
+        name = native_name(native, rec.thread_name) if native else "(no Python frame, no native trace)"
         stack = ["%s:%d %s" % (os.path.basename(s or "?"), ln or 0, f) for f, s, ln in native]
     _named[key] = (name, stack)
     return _named[key]
@@ -101,7 +106,7 @@ def snap(reader, seq, timeout_ms):
     while True:
         if not reader.is_active:
             return {"error": "memray's tracker in the process is no longer active"}
-        records = list(reader.get_current_snapshot(merge_threads=True))
+        records = list(reader.get_current_snapshot(merge_threads=False))
         mark = next((r for r in records if r.size == want), None)
         if mark is not None:
             break

@@ -229,6 +229,17 @@ impl PySites {
             let mut libraries = super::native_names::Libraries::of(*pid);
             for key in names {
                 let rest = key.trim_start_matches("native:");
+                if let Some(thread) = rest.strip_prefix("thread ") {
+                    let name = format!("(native code without symbols, thread {thread})");
+                    out.extend(Domain::ALL.iter().map(|&domain| SiteName {
+                        prefix: prefix.clone(),
+                        domain,
+                        key: key.clone(),
+                        name: name.clone(),
+                        stack: vec![name.clone()],
+                    }));
+                    continue;
+                }
                 let (source, function) = rest.split_once(' ').unwrap_or(("?", rest));
                 let name = match libraries.defining(function) {
                     Some(lib) => format!("{lib}!{function}"),
