@@ -1,10 +1,12 @@
 //! What recording allocation sites costs a run: the run's own seconds an iteration (from its
-//! samples: the time between its first and last quiescent points over the iterations between),
-//! with `--sites full` against `--sites off`, for plateau's own engine (jemalloc's profiler,
-//! sampled) and for a Python server (memray inside it, every allocation with native frames;
-//! `--sites heap`, malloc's allocations only, too). Each measurement is one `plateau run` of
-//! n-sampling: 60 iterations of the engine, 40 of the server (its warm-up 0, so every iteration
-//! is recorded). Needs memray for python3 for the server's cases (skipped, and said, without it).
+//! samples: the time between its first and last quiescent points over the iterations between).
+//! plateau's own engine: a plain run (`off`) against the replay that records its sites (`record`:
+//! `--record-sites` with jemalloc's profiler on every allocation, what a run whose heap failed
+//! runs once more before its verdict). A Python server: `--sites off`, `heap` (memray, malloc's
+//! allocations with native frames) and `full` (every allocation). Each measurement is one
+//! `plateau run` of n-sampling: 60 iterations of the engine, 40 of the server (its warm-up 0, so
+//! every iteration is recorded). Needs memray for python3 for the server's cases (skipped, and
+//! said, without it).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,7 +23,10 @@ const SERVER: &str = concat!(
     r#"
 class H(Stub):
     def do_GET(self):
-        self.reply(200, b'{"object":"list","data":[{"id":"tiny"}]}')
+        if self.path in ("/v1/models", "/health"):
+            self.reply(200, b'{"object":"list","data":[{"id":"tiny"}]}')
+        else:
+            self.reply(404, b'{}')
     def do_POST(self):
         req = json.loads(self.body())
         self.stream(req.get("n", 1), req.get("max_tokens", 4))
@@ -50,11 +55,12 @@ fn seconds_per_iteration(out: &Path) -> f64 {
     (last.1 - first.1) / (last.0 - first.0).max(1) as f64
 }
 
-/// Runs `plateau run` with `args` into a fresh directory; its seconds an iteration.
-fn run(name: &str, args: &[&str]) -> f64 {
+/// Runs `plateau run` with `args` (and `env`) into a fresh directory; its seconds an iteration.
+fn run(name: &str, args: &[&str], env: &[(&str, &str)]) -> f64 {
     let out = dir(name);
     let o = Command::new(env!("CARGO_BIN_EXE_plateau"))
         .args(args)
+        .envs(env.iter().copied())
         .args(["--quiet", "--no-replay", "--out"])
         .arg(&out)
         .output()
@@ -65,9 +71,17 @@ fn run(name: &str, args: &[&str]) -> f64 {
     s
 }
 
-fn engine(sites: &str) -> f64 {
+fn engine(record: bool) -> f64 {
     let n = ENGINE_ITERATIONS.to_string();
-    run(&format!("engine-{sites}"), &["run", "n-sampling", "--iterations", &n, "--sites", sites])
+    let args = ["run", "n-sampling", "--iterations", &n, "--sample-interval-ms", "0"];
+    match record {
+        false => run("engine-off", &args, &[]),
+        true => run(
+            "engine-record",
+            &[&args[..], &["--record-sites"]].concat(),
+            &[("MALLOC_CONF", plateau_soak::driver::sites_replay::REPLAY_MALLOC_CONF)],
+        ),
+    }
 }
 
 fn server(script: &Path, sites: &str) -> f64 {
@@ -89,7 +103,7 @@ fn server(script: &Path, sites: &str) -> f64 {
         "--sites",
         sites,
     ];
-    run(&format!("server-{sites}"), &args)
+    run(&format!("server-{sites}"), &args, &[])
 }
 
 /// Each case's figure is the run's own seconds an iteration, one run a sample.
@@ -103,7 +117,7 @@ fn per_iteration(c: &mut Criterion, group: &str, cases: &[(&str, &dyn Fn() -> f6
 }
 
 fn sites(c: &mut Criterion) {
-    per_iteration(c, "sites_engine_seconds_per_iteration", &[("off", &|| engine("off")), ("full", &|| engine("full"))]);
+    per_iteration(c, "sites_engine_seconds_per_iteration", &[("off", &|| engine(false)), ("record", &|| engine(true))]);
     let has_memray = Command::new("python3").args(["-c", "import memray"]).output().is_ok_and(|o| o.status.success());
     if !has_memray {
         eprintln!("sites_server_seconds_per_iteration: skipped: memray is not installed for python3");
