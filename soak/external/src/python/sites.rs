@@ -230,7 +230,10 @@ impl PySites {
             for key in names {
                 let rest = key.trim_start_matches("native:");
                 if let Some(thread) = rest.strip_prefix("thread ") {
-                    let name = format!("(native code without symbols, thread {thread})");
+                    let name = match thread {
+                        "?" | "" => "(native code without symbols, on a thread memray knows no name of)".to_string(),
+                        t => format!("(native code without symbols, thread {t})"),
+                    };
                     out.extend(Domain::ALL.iter().map(|&domain| SiteName {
                         prefix: prefix.clone(),
                         domain,
