@@ -4,6 +4,7 @@
 
 #[cfg(feature = "render")]
 pub mod ci;
+pub mod derived;
 pub mod env;
 pub mod figures;
 pub mod fsutil;

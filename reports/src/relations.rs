@@ -120,6 +120,49 @@ fn describe(name: &str, r: &MetricSpec) -> String {
     format!("{name} {}", parts.join(", "))
 }
 
+/// A cycle among the metrics' relations (`within`, `overhead_of`, `overhead_with`,
+/// `reserved_by`), as the names along it back to the first, if there is one. Each relation
+/// judges a gauge against others: a gauge that ends up judged against itself would explain its
+/// own growth away.
+pub(crate) fn cycle(header: &Header) -> Option<Vec<String>> {
+    let next = |name: &str| -> Vec<&String> {
+        header.metrics.get(name).map_or_else(Vec::new, |spec| {
+            spec.within.iter().chain(&spec.overhead_of).chain(&spec.overhead_with).chain(&spec.reserved_by).collect()
+        })
+    };
+    // Depth-first from each metric in name order; `done` holds those with no cycle beneath.
+    let mut done = std::collections::BTreeSet::new();
+    for start in header.metrics.keys() {
+        let mut path: Vec<String> = Vec::new();
+        let mut stack: Vec<(String, usize)> = vec![(start.clone(), 0)];
+        while let Some((name, k)) = stack.pop() {
+            if k == 0 {
+                if let Some(at) = path.iter().position(|p| *p == name) {
+                    let mut cycle = path[at..].to_vec();
+                    cycle.push(name);
+                    return Some(cycle);
+                }
+                if done.contains(&name) {
+                    continue;
+                }
+                path.push(name.clone());
+            }
+            let outs = next(&name);
+            match outs.get(k) {
+                Some(other) => {
+                    stack.push((name, k + 1));
+                    stack.push(((*other).clone(), 0));
+                }
+                None => {
+                    path.pop();
+                    done.insert(name);
+                }
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

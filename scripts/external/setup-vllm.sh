@@ -14,10 +14,11 @@
 # build, which runs on a CPU once its nvidia-* dependencies are there) and takes minutes; a second
 # call takes a moment. Progress and every pip call go to target/external/vllm-VERSION/setup.log.
 # Exit 0 when vLLM imports from the venv; 1 when a step failed (its log's end printed); 2 on a
-# malformed VERSION.
+# malformed VERSION or more than one argument.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEFAULT_VERSION=0.32.0
+[ $# -le 1 ] || { echo "setup-vllm.sh: one argument at most, the VERSION (given: $*); it takes no options: to set a version up again, remove target/external/vllm-VERSION/" >&2; exit 2; }
 version=${1:-$DEFAULT_VERSION}
 [[ $version =~ ^[0-9]+\.[0-9]+\.[0-9]+(\.post[0-9]+)?$ ]] \
   || { echo "setup-vllm.sh: VERSION must be a release number such as 0.8.5, not '$version'" >&2; exit 2; }

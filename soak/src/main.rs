@@ -78,7 +78,7 @@ fn main() -> ExitCode {
     // First of all: the same address space in every run of a seed (the kernel's randomisation
     // off, by executing the program again), before the allocator maps anything it judges.
     if let Err(e) = plateau_probes::layout::fix() {
-        eprintln!("plateau: {e}");
+        plateau_shell::errln!("plateau: {e}");
         return ExitCode::from(cli::USAGE);
     }
     // Before anything maps memory of its own: the allocator's address space is told apart from
@@ -88,7 +88,7 @@ fn main() -> ExitCode {
     match std::panic::catch_unwind(move || dispatch(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(_) => {
-            eprintln!("plateau: internal error (see the message above); this is a bug in plateau");
+            plateau_shell::errln!("plateau: internal error (see the message above); this is a bug in plateau");
             ExitCode::from(cli::HARNESS)
         }
     }

@@ -253,8 +253,13 @@ pub fn run(quick: bool, jobs: usize, exe: &Path, out_root: &Path) -> Result<Vec<
             match result {
                 Ok((check, code)) => {
                     match &check.problem {
-                        None => println!("ok    {:<40} exit {code}  {:5.1}s  {}", check.name, check.secs, check.detail),
-                        Some(p) => println!("FAIL  {:<40} {p}", check.name),
+                        None => plateau_shell::outln!(
+                            "ok    {:<40} exit {code}  {:5.1}s  {}",
+                            check.name,
+                            check.secs,
+                            check.detail
+                        ),
+                        Some(p) => plateau_shell::outln!("FAIL  {:<40} {p}", check.name),
                     }
                     checks.push(check);
                 }
@@ -268,6 +273,6 @@ pub fn run(quick: bool, jobs: usize, exe: &Path, out_root: &Path) -> Result<Vec<
         Ok(())
     })?;
     let failed = checks.iter().filter(|c| c.problem.is_some()).count();
-    println!("selftest: {} passed, {failed} failed", CASES.len() - failed);
+    plateau_shell::outln!("selftest: {} passed, {failed} failed", CASES.len() - failed);
     Ok(checks)
 }

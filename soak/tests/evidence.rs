@@ -63,7 +63,7 @@ fn a_verdict_records_its_samples_hash_and_every_setting_and_a_changed_run_is_jud
 
     // Samples cut mid-line beside a passing verdict: never trusted as a pass.
     let cut = root.join("cut");
-    copy_run(&d, &cut);
+    common::copy_run(&d, &cut);
     let bytes = std::fs::read(cut.join("samples.jsonl")).unwrap();
     std::fs::write(cut.join("samples.jsonl"), &bytes[..bytes.len() * 6 / 10]).unwrap();
     let recorded = std::fs::read(cut.join("verdict.json")).unwrap();
@@ -83,7 +83,7 @@ fn a_verdict_records_its_samples_hash_and_every_setting_and_a_changed_run_is_jud
 
     // An old "warn" status does not read: refused, never taken as a pass.
     let warn = root.join("warn");
-    copy_run(&d, &warn);
+    common::copy_run(&d, &warn);
     let v = std::fs::read_to_string(warn.join("verdict.json")).unwrap();
     std::fs::write(warn.join("verdict.json"), v.replacen("\"verdict\": \"pass\"", "\"verdict\": \"warn\"", 1)).unwrap();
     for cmd in ["report", "explain"] {
@@ -94,7 +94,7 @@ fn a_verdict_records_its_samples_hash_and_every_setting_and_a_changed_run_is_jud
 
     // A verdict from another detector (its version differs) is judged again.
     let other = root.join("other");
-    copy_run(&d, &other);
+    common::copy_run(&d, &other);
     let mut v = json(&other.join("verdict.json"));
     v["evidence"]["detector"] = "plateau-detector 0.0.1+0000000000000000".into();
     std::fs::write(other.join("verdict.json"), serde_json::to_string(&v).unwrap()).unwrap();
@@ -108,17 +108,6 @@ fn a_verdict_records_its_samples_hash_and_every_setting_and_a_changed_run_is_jud
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(std::fs::read(d.join("verdict.json")).unwrap(), before);
     assert_eq!(json(&d.join("analyze/verdict.json"))["verdict"], "pass");
-}
-
-/// A copy of a run directory's files (not its subdirectories).
-fn copy_run(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_file() {
-            std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
-        }
-    }
 }
 
 #[test]
@@ -194,7 +183,8 @@ fn a_negative_byte_count_in_samples_is_bad_input_naming_line_and_field() {
 /// body that is not an event stream, `one-choice` streams one choice whatever n asks, `start500`
 /// answers /v1/models with 500 (its /health says it is up), `one-left-out` leaves choice 0 out
 /// of the stream of its 7th request (as vLLM 0.8.5 leaves out a choice that ends at its first
-/// token) and answers the rest whole.
+/// token) and answers the rest whole, `no-choices` streams events whose `choices` are empty,
+/// `text-events` streams `data: hello` (not JSON) after a proper /v1/models.
 const BROKEN_SERVER: &str = concat!(
     include_str!("common/stub_server.py"),
     r#"
@@ -215,6 +205,10 @@ class H(Stub):
         req = json.loads(self.body())
         if MODE == "garbage":
             return self.reply(200, b'{"choices": [ garbage')
+        if MODE == "no-choices":
+            return self.reply(200, b'data: {"choices": []}\n\n' * 4 + b"data: [DONE]\n\n", "text/event-stream")
+        if MODE == "text-events":
+            return self.reply(200, b"data: hello\n\ndata: [DONE]\n\n", "text/event-stream")
         n = 1 if MODE == "one-choice" else req.get("n", 1)
         left_out = (0,) if MODE == "one-left-out" and next(POSTS) == 7 else ()
         self.stream(n, req.get("max_tokens", 4), left_out)
@@ -255,6 +249,8 @@ fn a_target_that_does_no_work_is_a_target_failure_never_a_pass() {
         ("garbage", "with a body that is not the event stream asked for"),
         ("one-choice", "3 of the 3 streams that asked for more than one choice (n > 1) ended short of the choices asked for: the target ignores n"),
         ("start500", "/v1/models answered 500"),
+        ("no-choices", "the stream ended with no choice in it"),
+        ("text-events", "a stream event that is not JSON"),
     ] {
         let o = soak_broken(&d, mode);
         assert_eq!(o.status.code(), Some(3), "{mode}: {}", text(&o));

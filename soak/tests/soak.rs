@@ -10,6 +10,7 @@ mod common;
 
 mod bisect;
 mod cli;
+mod data;
 mod docs;
 mod evidence;
 mod exact_replay;

@@ -10,6 +10,9 @@
 plateau_probes::install_harness_allocator!();
 
 pub mod explain;
+mod load;
+
+pub use load::{load_run, LoadedRun};
 
 use std::path::Path;
 
@@ -79,7 +82,12 @@ pub fn judge_read(s: &Samples, samples: &Path, overrides: &Overrides) -> Result<
 }
 
 /// [`judge_read`] with the bytes `s` was parsed from.
-fn judge_bytes(s: &Samples, samples_bytes: &[u8], samples: &Path, overrides: &Overrides) -> Result<Verdict, String> {
+pub(crate) fn judge_bytes(
+    s: &Samples,
+    samples_bytes: &[u8],
+    samples: &Path,
+    overrides: &Overrides,
+) -> Result<Verdict, String> {
     let mut files = std::collections::BTreeMap::new();
     let growth = read_evidence::<plateau_profile::GrowthRecord>(samples, "growth.json", &mut files);
     // What a replay of a server showed of its live heap, weighed against its process memory.
@@ -120,96 +128,6 @@ fn judge_bytes(s: &Samples, samples_bytes: &[u8], samples: &Path, overrides: &Ov
     evidence.samples_sha256 = sha256_hex(samples_bytes);
     evidence.files = files;
     Ok(v)
-}
-
-/// A run directory as every command that reads one takes it: its samples, and the verdict that
-/// judged exactly them. The recorded verdict.json is taken only while its evidence holds: the
-/// samples' and every evidence file's SHA-256 as recorded, and the same detector; otherwise the
-/// samples are judged again and [`LoadedRun::judged_again`] says why. A verdict.json that does not
-/// read at all (damaged, or an older plateau's `warn`) is refused: an input error.
-pub struct LoadedRun {
-    pub samples: Samples,
-    pub samples_sha256: String,
-    pub verdict: Verdict,
-    /// Why the verdict is judged now and not the one recorded (None: verdict.json is it).
-    pub judged_again: Option<String>,
-    /// Whether the run directory had a verdict.json at all.
-    pub had_verdict: bool,
-}
-
-/// Loads the run in `dir` (see [`LoadedRun`]). Errors are input errors naming the file.
-pub fn load_run(dir: &Path) -> Result<LoadedRun, String> {
-    let samples_path = dir.join("samples.jsonl");
-    if !samples_path.is_file() {
-        return Err(format!("{}: no samples.jsonl: not a run directory of plateau", dir.display()));
-    }
-    let bytes = plateau_reports::fsutil::read_input(&samples_path, plateau_reports::samples::MAX_FILE_BYTES)?;
-    let samples = Samples::parse(&bytes[..], &samples_path).map_err(|e| e.to_string())?;
-    let samples_sha256 = sha256_hex(&bytes);
-    let verdict_path = dir.join("verdict.json");
-    let had_verdict = verdict_path.exists();
-    let why = match had_verdict {
-        false => Some("the run wrote no verdict.json".to_string()),
-        true => match plateau_reports::fsutil::read_input(&verdict_path, plateau_reports::fsutil::RUN_FILE_BYTES)
-            .and_then(|b| serde_json::from_slice::<Verdict>(&b).map_err(|e| format!("line {}: {e}", e.line())))
-        {
-            // A verdict that does not read is refused, not replaced: damaged, or an older
-            // plateau's (its `warn`); analyze judges the samples again into a directory of its own.
-            Err(e) => {
-                return Err(format!(
-                    "{}: {e}: it does not read (damaged, or written by an older plateau); `plateau analyze {}` judges the samples again",
-                    verdict_path.display(),
-                    samples_path.display()
-                ))
-            }
-            Ok(v) => match stale(&v, dir, &samples_sha256) {
-                Some(why) => Some(format!("{}: {why}", verdict_path.display())),
-                None => return Ok(LoadedRun { samples, samples_sha256, verdict: v, judged_again: None, had_verdict }),
-            },
-        },
-    };
-    let verdict = judge_bytes(&samples, &bytes, &samples_path, &Overrides::default())?;
-    Ok(LoadedRun { samples, samples_sha256, verdict, judged_again: why, had_verdict })
-}
-
-/// Why a recorded verdict is not the verdict of the run directory as it is now, if it is not.
-fn stale(v: &Verdict, dir: &Path, samples_sha256: &str) -> Option<String> {
-    let Some(e) = &v.evidence else {
-        return Some("it records no evidence (no hash of the samples it judged: an older plateau wrote it)".into());
-    };
-    if e.samples_sha256 != samples_sha256 {
-        return Some(format!(
-            "it judged samples with SHA-256 {}, but samples.jsonl is now {}: the samples changed since",
-            short_hash(&e.samples_sha256),
-            short_hash(samples_sha256)
-        ));
-    }
-    if !v.overrides.is_empty() {
-        return Some(format!("it was judged with {} (not the run's own settings)", v.overrides.join(" ")));
-    }
-    for name in EVIDENCE_FILES {
-        let limit = if name == plateau_sites::SITES_FILE {
-            plateau_sites::record::MAX_FILE_BYTES
-        } else {
-            plateau_reports::fsutil::RUN_FILE_BYTES
-        };
-        let now = plateau_reports::fsutil::read_input(&dir.join(name), limit).ok().map(|b| sha256_hex(&b));
-        if now.as_ref() != e.files.get(name) {
-            let was = e.files.get(name).map_or("absent".to_string(), |h| short_hash(h));
-            let is = now.as_deref().map_or("absent".to_string(), short_hash);
-            return Some(format!("{name} was {was} when it was judged and is {is} now"));
-        }
-    }
-    let ours = plateau_detector::evidence::version();
-    if e.detector != ours {
-        return Some(format!("it was judged by {}, and this plateau's detector is {ours}", e.detector));
-    }
-    None
-}
-
-/// A hash as people compare it: its first 12 hex digits.
-fn short_hash(h: &str) -> String {
-    h.chars().take(12).collect()
 }
 
 /// The settings of `asked` that differ from what `s` recorded (the same value is no override).
@@ -433,7 +351,7 @@ pub fn draw(dir: &Path, s: &Samples, v: &Verdict, baseline: Option<&BaselineRun>
     std::fs::create_dir_all(dir)?;
     draw_site_growth(dir, v);
     if let Err(e) = plateau_reports::plot::plot_run(s, v, dir) {
-        eprintln!("plateau: warning: plots in {} not drawn: {e}", dir.display());
+        plateau_shell::errln!("plateau: warning: plots in {} not drawn: {e}", dir.display());
     }
     let environment: Option<plateau_reports::Environment> = read_run_json(&dir.join("environment.json"));
     let input = plateau_reports::html::ReportInput {
@@ -461,7 +379,7 @@ fn draw_site_growth(dir: &Path, v: &Verdict) {
     }
     let drawn = plateau_sites::SiteLog::read(&path).and_then(|log| plateau_profile::sites_growth::write(dir, &log, v));
     if let Err(e) = drawn {
-        eprintln!("plateau: warning: growth files in {} not drawn: {e}", dir.display());
+        plateau_shell::errln!("plateau: warning: growth files in {} not drawn: {e}", dir.display());
     }
 }
 

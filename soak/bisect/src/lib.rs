@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use plateau_shell::children::Ended;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -156,7 +157,7 @@ pub fn bisect(o: &BisectOptions) -> Result<Report, BisectError> {
     let ends = runner.soak_all(&[(&good, "good"), (&bad, "bad")]);
     let (good_end, bad_end) = (&ends[0], &ends[1]);
     for (end, flag, rev, want) in [(good_end, "--good", &o.good, "pass"), (bad_end, "--bad", &o.bad, "fail")] {
-        if end.verdict != want {
+        if end.verdict != want && !o.interrupt.load(Ordering::SeqCst) {
             return Err(BisectError::Input(format!(
                 "{flag} {rev} ({}) did not {want} its soak: {} (exit {}): {}; its run is in {}",
                 short(&end.commit),
@@ -171,8 +172,8 @@ pub fn bisect(o: &BisectOptions) -> Result<Report, BisectError> {
         vec![(None, ends[0].clone()), (Some(list.len() - 1), ends[1].clone())];
     let mut s = Search::new(list.len());
     s.record(list.len() - 1, Outcome::Bad);
-    let mut interrupted = false;
-    loop {
+    let mut interrupted = o.interrupt.load(Ordering::SeqCst);
+    while !interrupted {
         let next = s.next(o.jobs);
         if next.is_empty() {
             break;
@@ -182,7 +183,13 @@ pub fn bisect(o: &BisectOptions) -> Result<Report, BisectError> {
             break;
         }
         let probes: Vec<(&String, &str)> = next.iter().map(|&i| (&list[i], "candidate")).collect();
-        for (i, r) in next.iter().zip(runner.soak_all(&probes)) {
+        let results = runner.soak_all(&probes);
+        // A soak cut short by the stop says nothing of its commit: it is not recorded.
+        if o.interrupt.load(Ordering::SeqCst) {
+            interrupted = true;
+            break;
+        }
+        for (i, r) in next.iter().zip(results) {
             let outcome = match (r.verdict.as_str(), &r.skipped) {
                 ("pass", _) => Outcome::Good,
                 ("fail", _) => Outcome::Bad,
@@ -212,9 +219,12 @@ pub fn bisect(o: &BisectOptions) -> Result<Report, BisectError> {
     Ok(report)
 }
 
+/// Why a candidate has no verdict when plateau was told to stop while it ran.
+const INTERRUPTED: &str = "interrupted (SIGTERM or Ctrl-C) before its verdict";
+
 fn say(o: &BisectOptions, line: &str) {
     if !o.quiet {
-        eprintln!("plateau: {line}");
+        plateau_shell::errln!("plateau: {line}");
     }
 }
 
@@ -286,14 +296,14 @@ impl Runner<'_> {
         if let Some(build) = &self.o.build {
             let log = logs.join("build.log");
             let file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-            let status = Command::new("sh")
-                .arg("-c")
-                .arg(build)
-                .current_dir(&wt.path)
-                .stdout(file.try_clone().map_err(|e| e.to_string())?)
-                .stderr(file)
-                .status()
-                .map_err(|e| format!("--build: {e}"))?;
+            let mut cmd = Command::new("sh");
+            cmd.arg("-c").arg(build).current_dir(&wt.path);
+            cmd.stdout(file.try_clone().map_err(|e| e.to_string())?).stderr(file);
+            let status = match plateau_shell::children::run(&mut cmd, false, &self.o.interrupt) {
+                Ok(Ended::Exited { status, .. }) => status,
+                Ok(Ended::Stopped) => return Err(INTERRUPTED.into()),
+                Err(e) => return Err(format!("--build: {e}")),
+            };
             if !status.success() {
                 return Err(format!("--build failed ({status}); its log: {}", log.display()));
             }
@@ -353,12 +363,14 @@ impl Runner<'_> {
             args.push("--until-decided".into());
         }
         let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let status = Command::new(&self.o.plateau)
-            .args(&args)
-            .stdout(file.try_clone().map_err(|e| e.to_string())?)
-            .stderr(file)
-            .status()
-            .map_err(|e| format!("{}: {e}", self.o.plateau.display()))?;
+        let mut cmd = Command::new(&self.o.plateau);
+        cmd.args(&args).stdout(file.try_clone().map_err(|e| e.to_string())?).stderr(file);
+        let status = match plateau_shell::children::run(&mut cmd, false, &self.o.interrupt) {
+            Ok(Ended::Exited { status, .. }) => status,
+            // Never read as an undecided soak (exit 4), which would be soaked again, longer.
+            Ok(Ended::Stopped) => return Err(INTERRUPTED.into()),
+            Err(e) => return Err(format!("{}: {e}", self.o.plateau.display())),
+        };
         status.code().ok_or_else(|| format!("the soak ended by a signal ({status}); its log: {}", log.display()))
     }
 }

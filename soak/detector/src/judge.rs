@@ -76,6 +76,11 @@ pub fn judge_with_sites(
         DetectorConfig { warmup_iterations, tolerance, live_heap: live_heap.to_vec(), ..DetectorConfig::default() };
     let unfinished = unfinished(s);
     let mut v = analyze(s, &cfg, unfinished.as_deref(), sites);
+    // An end before the plan that only a failure explains, with nothing failed: the samples
+    // contradict themselves, and a contradiction is never a complete pass.
+    if let (Some(why), None, false) = (early_end(s), &unfinished, v.failed()) {
+        v = analyze(s, &cfg, Some(&why), sites);
+    }
     if (o.tolerance.is_some() || recorded.is_some()) && v.requests_per_iter.is_none() && tolerance.per == Per::Request {
         return Err(format!(
             "tolerance {tolerance}: the samples count no requests (no counter with the role `requests` in the header), so a tolerance per request cannot be applied; give it per iteration"
@@ -110,7 +115,14 @@ pub fn unfinished(s: &Samples) -> Option<String> {
     let last = s.last_iter();
     match &s.end {
         Some(e) => match e.state {
-            EndState::Completed | EndState::Stopped | EndState::Decided => None,
+            EndState::Completed => match s.header.planned_iterations {
+                Some(p) if e.iterations.max(last) < p => Some(format!(
+                    "its end record says it completed at iteration {} of the {p} it planned: the two disagree",
+                    e.iterations.max(last)
+                )),
+                _ => None,
+            },
+            EndState::Stopped | EndState::Decided => None,
             EndState::Interrupted => Some(format!("it was interrupted at iteration {last}")),
             EndState::Failed => Some(format!(
                 "it failed at iteration {last}: {}",
@@ -127,6 +139,22 @@ pub fn unfinished(s: &Samples) -> Option<String> {
             _ => None,
         },
     }
+}
+
+/// Why an end before the planned length does not finish the run when nothing failed: `stopped`
+/// (the first exact-layer failure) and `decided` (a failure decided) end a run early only on a
+/// failure, so with none they say the run was cut short.
+fn early_end(s: &Samples) -> Option<String> {
+    let e = s.end.as_ref()?;
+    let p = s.header.planned_iterations?;
+    let at = e.iterations.max(s.last_iter());
+    let how = match e.state {
+        EndState::Stopped => "stopped at the first exact-layer failure",
+        EndState::Decided => "stopped once its failure was decided",
+        _ => return None,
+    };
+    (at < p)
+        .then(|| format!("its end record says it {how} at iteration {at} of the {p} it planned, but nothing failed"))
 }
 
 /// What the end record adds to a verdict: an external target that ended first, points sampled

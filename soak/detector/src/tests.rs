@@ -287,6 +287,19 @@ fn the_judge_takes_its_settings_and_the_run_s_end_from_the_samples() {
     // The end recorded: stopped by the user, then completed.
     s.end = Some(plateau_reports::RunEnd::new(plateau_reports::EndState::Interrupted, 120));
     assert_eq!(crate::judge(&s).unwrap().verdict, Status::Inconclusive);
+    // An end record that contradicts the plan: "completed" (or "decided", "stopped", which end
+    // early only on a failure) at 120 of 200 with nothing failed is never a complete pass.
+    for (state, why) in [
+        (plateau_reports::EndState::Completed, "completed at iteration 120 of the 200 it planned"),
+        (plateau_reports::EndState::Decided, "once its failure was decided at iteration 120 of the 200"),
+        (plateau_reports::EndState::Stopped, "exact-layer failure at iteration 120 of the 200"),
+    ] {
+        s.end = Some(plateau_reports::RunEnd::new(state, 120));
+        let v = crate::judge(&s).unwrap();
+        assert!(v.incomplete && v.verdict == Status::Inconclusive, "{state:?}: {}", v.summary);
+        assert!(v.summary.contains(why), "{}", v.summary);
+    }
+    s.header.planned_iterations = Some(120);
     s.end = Some(plateau_reports::RunEnd::new(plateau_reports::EndState::Completed, 120));
     assert_eq!(crate::judge(&s).unwrap().verdict, Status::Pass);
     // Other settings are named in the verdict.

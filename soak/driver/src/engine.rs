@@ -356,7 +356,7 @@ impl Target for EngineTarget {
     fn site_names(&mut self) -> Vec<plateau_sites::SiteName> {
         match &self.heap_sites {
             Some(Ok(h)) => h.names().unwrap_or_else(|e| {
-                eprintln!("plateau: plateau's own allocation sites could not be named: {e}");
+                plateau_shell::errln!("plateau: plateau's own allocation sites could not be named: {e}");
                 Vec::new()
             }),
             _ => Vec::new(),

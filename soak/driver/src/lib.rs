@@ -208,7 +208,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions) -> Result<RunResult, RunError
         let resolved = resolve_backend(&backend)?;
         match sites_replay::SitesReplay::of(opts, plan.seed, resolved) {
             Ok(r) => target = target.with_sites_replay(r),
-            Err(e) => eprintln!("plateau: allocation sites will not be recorded: {e}"),
+            Err(e) => plateau_shell::errln!("plateau: allocation sites will not be recorded: {e}"),
         }
     }
     run_with(scenario, opts, plan, &mut target)

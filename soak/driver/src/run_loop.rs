@@ -125,7 +125,7 @@ pub fn run_with(
         Ok(()) => Ok(result(verdict, state.interrupted)),
         // Growth conclusive before the failure is the run's finding (exit 1).
         Err(e) if verdict.failed() => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             Ok(result(verdict, true))
         }
         Err(e) => Err(match &finish.target_exit {
@@ -214,7 +214,7 @@ impl SiteLog {
             None => plateau_sites::SitesWriter::create(&path).and_then(|w| self.writer.insert(w).write(iter, t, r)),
         };
         if let Err(e) = result {
-            eprintln!("plateau: allocation sites are no longer recorded: {e}");
+            plateau_shell::errln!("plateau: allocation sites are no longer recorded: {e}");
             self.failed = true;
         }
     }
@@ -225,7 +225,7 @@ impl SiteLog {
         let Some(mut w) = self.writer.take() else { return };
         let _harness = HarnessScope::enter();
         if let Err(e) = w.names(&target.site_names()) {
-            eprintln!("plateau: allocation sites could not be named: {e}");
+            plateau_shell::errln!("plateau: allocation sites could not be named: {e}");
         }
     }
 }
@@ -279,18 +279,7 @@ fn iterate(
         if let Some(edge) = opts.profile_window.and_then(|w| WindowEdge::at(iter, w)) {
             target.mark_window(edge, iter, &opts.out_dir)?;
         }
-        let msg = target.status();
-        match (&bar, opts.progress) {
-            (Some(pb), _) => {
-                pb.set_position(iter);
-                pb.set_message(msg);
-            }
-            (None, Progress::Lines) if last_line.elapsed() >= Duration::from_secs(10) || iter == state.planned => {
-                eprintln!("plateau: iteration {iter}/{}, {:.1} s, {msg}", state.planned, sink.elapsed().as_secs_f64());
-                last_line = Instant::now();
-            }
-            _ => {}
-        }
+        show_progress(bar.as_ref(), opts.progress, (iter, state.planned), sink, &mut last_line, target.status());
         if opts.interrupt.load(Ordering::Relaxed) {
             state.interrupted = true;
             break;
@@ -303,7 +292,7 @@ fn iterate(
             sink.flush()?;
             if decided_at(&opts.out_dir.join("samples.jsonl"), iter)? {
                 if opts.progress != Progress::Quiet {
-                    eprintln!("plateau: decided at iteration {iter}: stopping (--stop-when-decided)");
+                    plateau_shell::errln!("plateau: decided at iteration {iter}: stopping (--stop-when-decided)");
                 }
                 state.decided = true;
                 break;
@@ -313,7 +302,7 @@ fn iterate(
             sink.flush()?;
             if let Some(next) = undecided_until(&opts.out_dir.join("samples.jsonl"), iter, cap)? {
                 if opts.progress != Progress::Quiet {
-                    eprintln!(
+                    plateau_shell::errln!(
                         "plateau: undecided at iteration {iter}: going on to {next} (--until-decided, cap {cap})"
                     );
                 }
@@ -329,6 +318,28 @@ fn iterate(
         pb.finish_and_clear();
     }
     Ok(())
+}
+
+/// The progress bar moved to `iter` of `planned`, or a line every 10 s (and at the end).
+fn show_progress(
+    bar: Option<&indicatif::ProgressBar>,
+    progress: Progress,
+    (iter, planned): (u64, u64),
+    sink: &Sink,
+    last_line: &mut Instant,
+    msg: String,
+) {
+    match (bar, progress) {
+        (Some(pb), _) => {
+            pb.set_position(iter);
+            pb.set_message(msg);
+        }
+        (None, Progress::Lines) if last_line.elapsed() >= Duration::from_secs(10) || iter == planned => {
+            plateau_shell::errln!("plateau: iteration {iter}/{planned}, {:.1} s, {msg}", sink.elapsed().as_secs_f64());
+            *last_line = Instant::now();
+        }
+        _ => {}
+    }
 }
 
 /// Runs phase `index` of iteration `iter`; a sleep the target refuses is sampled first

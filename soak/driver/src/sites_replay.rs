@@ -93,7 +93,7 @@ impl SitesReplay {
         if !(open || self.always) || iterations <= warmup {
             return;
         }
-        eprintln!("plateau: replaying the run to record plateau's own allocation sites (every allocation)");
+        plateau_shell::errln!("plateau: replaying the run to record plateau's own allocation sites (every allocation)");
         let out = dir.join("replay");
         let note = match self.replay(&out, iterations, warmup).and_then(|()| same_run(&run, &out)) {
             Ok(()) => match std::fs::copy(out.join(plateau_sites::SITES_FILE), dir.join(plateau_sites::SITES_FILE)) {
@@ -102,11 +102,11 @@ impl SitesReplay {
             },
             Err(e) => e,
         };
-        eprintln!("plateau: no allocation site recorded: {note}");
+        plateau_shell::errln!("plateau: no allocation site recorded: {note}");
         let written = plateau_sites::SitesWriter::create(&dir.join(plateau_sites::SITES_FILE))
             .and_then(|mut w| w.note(&format!("plateau's own heap: no site recorded: {note}")));
         if let Err(e) = written {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
         }
     }
 

@@ -284,8 +284,13 @@ async fn read_stream(mut resp: reqwest::Response, action: Action, url: &str, n: 
                 if data == "[DONE]" {
                     continue;
                 }
+                // The server answered /v1/models as an OpenAI server does before any request was
+                // sent: an event it then streams that is not JSON is its failure, not the user's.
                 let v: Value = serde_json::from_str(data).map_err(|e| {
-                    ClientError::NotOpenAi(format!("POST {url}: a stream event that is not JSON ({e})"))
+                    ClientError::Server(format!(
+                        "POST {url}: a stream event that is not JSON ({e}): `{}`: an error of the target",
+                        snippet(data)
+                    ))
                 })?;
                 if let Some(err) = v.get("error") {
                     return Err(ClientError::Server(format!("POST {url}: the stream ended in an error: {err}")));
@@ -328,7 +333,12 @@ impl ChoicesSeen {
     /// Indexes tracked one by one: `n` is capped far below this by the scenario's own limits.
     const TRACKED: u32 = 128;
 
+    /// An event whose `choices` is empty (a usage event, a keep-alive) carries no choice: a stream
+    /// of only such events did no work.
     fn see(&mut self, choices: &[Value]) {
+        if choices.is_empty() {
+            return;
+        }
         self.events += 1;
         for c in choices {
             let i = c["index"].as_u64().unwrap_or(0);
@@ -390,8 +400,10 @@ fn cause(e: &dyn std::error::Error) -> String {
     last
 }
 
+/// The start of what a server sent, for a message: one line, its control characters (a
+/// terminal's escapes) made spaces.
 fn snippet(text: &str) -> String {
-    text.chars().take(200).collect::<String>().replace('\n', " ")
+    text.chars().take(200).map(|c| if c.is_control() { ' ' } else { c }).collect()
 }
 
 #[cfg(test)]

@@ -97,7 +97,7 @@ pub(crate) fn start_deployment(
             &log,
         ))?;
         let tree = tree::Tree::for_role(t.pid, &p.role, hook);
-        eprintln!("plateau: {} started (pid {}): {}", p.role, t.pid, p.spawn);
+        plateau_shell::errln!("plateau: {} started (pid {}): {}", p.role, t.pid, p.spawn);
         d.procs.push(RoleProcess { role: p.role.clone(), target: t, tree });
     }
     Ok(d)

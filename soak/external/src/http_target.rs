@@ -227,34 +227,6 @@ pub fn sites_from(warmup: u64) -> u64 {
     warmup / 2
 }
 
-/// Lines of a spawned server's output a failed run quotes.
-const LOG_LINES: usize = 12;
-
-/// The last `n` lines of a file (at most 4 KiB of them), for a message.
-fn last_lines(path: &std::path::Path, n: usize) -> String {
-    let text = target::tail(path, 4096);
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("  | {l}")).collect::<Vec<_>>().join("\n")
-}
-
-/// How long a run that failed waits for its target process to be seen dead: the time between a
-/// killed process closing its sockets and becoming a zombie, generously, on a loaded machine.
-const DEATH_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Whether `t` has ended, or ends within `grace` (polled every 10 ms).
-fn ended_within(t: &mut target::Target, grace: std::time::Duration) -> bool {
-    let t0 = Instant::now();
-    loop {
-        if !t.alive() {
-            return true;
-        }
-        if t0.elapsed() >= grace {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-}
-
 impl Http<'_> {
     /// A run that failed names how its target ended (`root_exit`), what of the server is gone
     /// (an engine core killed while its API server lives on), the exception the process that
@@ -275,7 +247,7 @@ impl Http<'_> {
             parts.push(format!("the first exception in the server's output ({}):\n{}", log.display(), t.quoted()));
         }
         if self.target.is_some() && log.exists() {
-            let lines = last_lines(&log, LOG_LINES);
+            let lines = target::last_lines(&log, target::LOG_LINES);
             parts.push(match lines.is_empty() {
                 true => format!("the server wrote nothing ({})", log.display()),
                 false => format!("the server's output ({}) ends:\n{lines}", log.display()),
@@ -408,7 +380,9 @@ impl Target for HttpTarget<'_> {
         // process killed by a signal closes its sockets before it is reaped, so a run that failed
         // on a reset connection may look at it a moment too early: it is given that moment.
         let root_exit = match (failed, self.http.target.as_mut(), &self.http.oom) {
-            (Some(_), Some(t), Some(w)) => ended_within(t, DEATH_GRACE).then(|| w.describe(t.exit_status())),
+            (Some(_), Some(t), Some(w)) => {
+                target::ended_within(t, target::DEATH_GRACE).then(|| w.describe(t.exit_status()))
+            }
             _ => None,
         };
         let target_exit = failed.and_then(|_| self.http.what_ended(root_exit));
@@ -419,10 +393,10 @@ impl Target for HttpTarget<'_> {
             match super::profile::classify(pid) {
                 Ok(kind) => {
                     if let Err(e) = plateau_driver::write_json(&self.http.out_dir.join("server.json"), &kind) {
-                        eprintln!("plateau: server.json: {e}");
+                        plateau_shell::errln!("plateau: server.json: {e}");
                     }
                 }
-                Err(e) => eprintln!("plateau: what kind of program the server is could not be read: {e}"),
+                Err(e) => plateau_shell::errln!("plateau: what kind of program the server is could not be read: {e}"),
             }
         }
         // A deployment's: each role's process, in servers.json by role.
@@ -434,12 +408,15 @@ impl Target for HttpTarget<'_> {
                         kinds.insert(p.role.clone(), kind);
                     }
                     Err(e) => {
-                        eprintln!("plateau: what kind of program the {} process is could not be read: {e}", p.role)
+                        plateau_shell::errln!(
+                            "plateau: what kind of program the {} process is could not be read: {e}",
+                            p.role
+                        )
                     }
                 }
             }
             if let Err(e) = plateau_driver::write_json(&self.http.out_dir.join(super::profile::SERVERS_FILE), &kinds) {
-                eprintln!("plateau: {}: {e}", super::profile::SERVERS_FILE);
+                plateau_shell::errln!("plateau: {}: {e}", super::profile::SERVERS_FILE);
             }
         }
         if let Some(t) = &mut self.http.target {
@@ -448,11 +425,11 @@ impl Target for HttpTarget<'_> {
         if !self.http.deployment.procs.is_empty() {
             let pids: Vec<String> =
                 self.http.deployment.procs.iter().map(|p| format!("{} (pid {})", p.role, p.target.pid)).collect();
-            eprintln!("plateau: deployment processes, each judged under its role: {}", pids.join(", "));
+            plateau_shell::errln!("plateau: deployment processes, each judged under its role: {}", pids.join(", "));
         }
         self.http.deployment.stop();
         if self.http.settle_timeouts > 0 {
-            eprintln!(
+            plateau_shell::errln!(
                 "plateau: {} quiescent points were sampled with requests still in flight at the target (settle timeout {} ms)",
                 self.http.settle_timeouts,
                 self.http.ext.settle_timeout.as_millis()
@@ -460,19 +437,19 @@ impl Target for HttpTarget<'_> {
         }
         let control = self.http.control.record();
         if scenario.phases.iter().any(|p| matches!(p, Phase::Sleep(_))) {
-            eprintln!(
+            plateau_shell::errln!(
                 "plateau: control calls over HTTP ({} dialect): {}",
                 control.dialect,
                 self.http.control.summary()
             );
             for l in &control.lacking {
-                eprintln!("plateau: {l}");
+                plateau_shell::errln!("plateau: {l}");
             }
         }
         if let Some(t) = &self.http.tree {
             let roles = t.roles();
             if !roles.is_empty() {
-                eprintln!("plateau: target processes: {}", roles.join(", "));
+                plateau_shell::errln!("plateau: target processes: {}", roles.join(", "));
             }
         }
         Finish {

@@ -265,7 +265,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     let client =
         runtime.block_on(Client::connect(&ext.url, ext.request_timeout, ext.ready_timeout)).map_err(client_err)?;
     let found = dialect::decide(&runtime.block_on(dialect::look(client.base(), client.owned_by())), ext.dialect);
-    eprintln!("plateau: target dialect: {} ({})", found.dialect.name(), found.found);
+    plateau_shell::errln!("plateau: target dialect: {} ({})", found.dialect.name(), found.found);
     note_dialect(&opts.out_dir, &found)?;
     let control = control::Control::new(client.base(), client.model(), found, ext.request_timeout)?;
     let metrics_url = format!("{}/metrics", client.base());
@@ -289,7 +289,7 @@ pub fn run(scenario: &Scenario, opts: &RunOptions, ext: &ExternalOptions) -> Res
     let roles: Vec<String> = deployment.procs.iter().map(|p| p.role.clone()).collect();
     let declared = declared_specs(tree.as_ref(), &deployment, gpu.is_some(), first.as_ref(), &roles);
     if first.is_none() {
-        eprintln!("plateau: {metrics_url} answered 404: only the target's processes are judged");
+        plateau_shell::errln!("plateau: {metrics_url} answered 404: only the target's processes are judged");
     }
     let http = http_target::Http {
         client,
@@ -366,7 +366,7 @@ fn gpu_probe(wanted: bool) -> Option<gpu::GpuProbe> {
     match (wanted, gpu::GpuProbe::open()) {
         (true, Ok(g)) => Some(g),
         (true, Err(why)) => {
-            eprintln!("plateau: GPU memory per process: not available ({why})");
+            plateau_shell::errln!("plateau: GPU memory per process: not available ({why})");
             None
         }
         (false, _) => None,

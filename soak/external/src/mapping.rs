@@ -73,6 +73,9 @@ pub const BUILT_IN: [(&str, Kind, Option<u64>, bool); 12] = [
     ("plateau_idle_violations", Kind::PerRequest, None, false),
 ];
 
+/// A metrics map is a page of rules: far under this.
+const MAX_MAPPING_BYTES: u64 = 1 << 20;
+
 /// The rules in force: the built-in ones, then a file's (a file's rule for a name replaces the
 /// built-in one).
 #[derive(Debug, Clone)]
@@ -93,7 +96,8 @@ impl Mapping {
 
     /// The built-in rules and a mapping file's. Errors name the file and line.
     pub fn with_file(path: &Path) -> Result<Mapping, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let bytes = plateau_reports::fsutil::read_input(path, MAX_MAPPING_BYTES)?;
+        let text = String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 ({e})", path.display()))?;
         Mapping::with_text(&text, &path.display().to_string())
     }
 

@@ -153,6 +153,34 @@ pub fn tail(path: &Path, max: usize) -> String {
     String::from_utf8_lossy(&text[start..]).trim().to_string()
 }
 
+/// Lines of a spawned server's output a failed run quotes.
+pub(crate) const LOG_LINES: usize = 12;
+
+/// The last `n` lines of a file (at most 4 KiB of them), for a message.
+pub(crate) fn last_lines(path: &std::path::Path, n: usize) -> String {
+    let text = tail(path, 4096);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].iter().map(|l| format!("  | {l}")).collect::<Vec<_>>().join("\n")
+}
+
+/// How long a run that failed waits for its target process to be seen dead: the time between a
+/// killed process closing its sockets and becoming a zombie, generously, on a loaded machine.
+pub(crate) const DEATH_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Whether `t` has ended, or ends within `grace` (polled every 10 ms).
+pub(crate) fn ended_within(t: &mut Target, grace: std::time::Duration) -> bool {
+    let t0 = std::time::Instant::now();
+    loop {
+        if !t.alive() {
+            return true;
+        }
+        if t0.elapsed() >= grace {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::shell_line;

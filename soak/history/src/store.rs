@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use plateau_reports::figures::of_run;
 use plateau_reports::{Environment, Samples, Verdict};
-use rusqlite::{params, Connection};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{db_err, HistoryError};
 
@@ -37,7 +37,7 @@ pub fn read_run(dir: &Path) -> Result<RunRecord, HistoryError> {
     }
     let run = plateau_analysis::load_run(dir).map_err(HistoryError::Input)?;
     if let (Some(why), true) = (&run.judged_again, run.had_verdict) {
-        eprintln!("plateau: history: {why}: judged again from samples.jsonl, and stored as judged now");
+        plateau_shell::errln!("plateau: history: {why}: judged again from samples.jsonl, and stored as judged now");
     }
     let env_path = dir.join("environment.json");
     let environment = if env_path.exists() {
@@ -59,12 +59,50 @@ pub fn read_run(dir: &Path) -> Result<RunRecord, HistoryError> {
     })
 }
 
-/// Stores `runs`; returns how many were new (a run already stored is left as it is).
-pub fn add(c: &mut Connection, db: &Path, runs: &[RunRecord], now_utc: &str) -> Result<usize, HistoryError> {
+/// What [`add`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Added {
+    /// Runs stored that were not there.
+    pub new: usize,
+    /// Runs stored before under another verdict (one written by hand, or by an older plateau's
+    /// detector), now replaced by their judgement.
+    pub replaced: usize,
+}
+
+/// The verdict a run is stored under: an unfinished run is never stored as a passing night.
+fn stored_verdict(v: &Verdict) -> &'static str {
+    if v.incomplete && v.verdict == plateau_reports::Status::Pass {
+        "inconclusive"
+    } else {
+        v.verdict.as_str()
+    }
+}
+
+/// Stores `runs`. A night is keyed by its samples' SHA-256: one already stored under the same
+/// verdict and summary is left as it is; one stored under another (a verdict.json edited by hand
+/// and believed by an older plateau) is replaced by the judgement of its samples.
+pub fn add(c: &mut Connection, db: &Path, runs: &[RunRecord], now_utc: &str) -> Result<Added, HistoryError> {
     let tx = c.transaction().map_err(|e| db_err(db, e))?;
-    let mut added = 0;
+    let mut added = Added::default();
     for r in runs {
         let v = &r.verdict;
+        let stored: Option<(i64, String, String)> = tx
+            .query_row(
+                "SELECT id, verdict, summary FROM runs WHERE samples_sha256 = ?1",
+                params![r.samples_sha256],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+            .optional()
+            .map_err(|e| db_err(db, e))?;
+        match stored {
+            Some((_, verdict, summary)) if verdict == stored_verdict(v) && summary == v.summary => continue,
+            Some((id, _, _)) => {
+                // Its metrics go with it (ON DELETE CASCADE, foreign keys on in `open`).
+                tx.execute("DELETE FROM runs WHERE id = ?1", params![id]).map_err(|e| db_err(db, e))?;
+                added.replaced += 1;
+            }
+            None => added.new += 1,
+        }
         let env = r.environment.clone().unwrap_or_default();
         let field = |s: &str| if s.is_empty() { "unknown".to_string() } else { s.to_string() };
         let started = if env.started_utc.is_empty() { now_utc.to_string() } else { env.started_utc.clone() };
@@ -85,12 +123,7 @@ pub fn add(c: &mut Connection, db: &Path, runs: &[RunRecord], now_utc: &str) -> 
                     v.injections.join(","),
                     v.iterations as i64,
                     v.warmup_iterations as i64,
-                    // An unfinished run is never stored as a passing night.
-                    if v.incomplete && v.verdict == plateau_reports::Status::Pass {
-                        "inconclusive"
-                    } else {
-                        v.verdict.as_str()
-                    },
+                    stored_verdict(v),
                     v.incomplete,
                     v.summary,
                     field(&env.commit),
@@ -103,9 +136,8 @@ pub fn add(c: &mut Connection, db: &Path, runs: &[RunRecord], now_utc: &str) -> 
             )
             .map_err(|e| db_err(db, e))?;
         if n == 0 {
-            continue;
+            return Err(HistoryError::Harness(format!("{}: run {} was not stored", db.display(), r.dir.display())));
         }
-        added += 1;
         let id = tx.last_insert_rowid();
         let mut stmt = tx
             .prepare_cached(

@@ -278,7 +278,7 @@ pub fn serve(
     regions: usize,
 ) -> Result<(), String> {
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
-    println!("listening {addr}");
+    plateau_shell::outln!("listening {addr}");
     use std::io::Write;
     std::io::stdout().flush().ok();
     let node = Arc::new(Mutex::new(Node {
@@ -325,7 +325,7 @@ fn connection(stream: TcpStream, node: &Mutex<Node>) -> bool {
             Err(WireError::Closed) => return caller == Caller::Controller,
             Err(e) => {
                 // A corrupted or truncated frame is never applied; the connection is dropped.
-                eprintln!("plateau node: rejected a frame: {e}");
+                plateau_shell::errln!("plateau node: rejected a frame: {e}");
                 return caller == Caller::Controller;
             }
         };

@@ -81,7 +81,7 @@ pub fn record(start: u64, bytes: u64, at: &'static Location<'static>) {
         t.insert(i, (start, bytes, at));
     } else {
         FULL_SAID.call_once(|| {
-            eprintln!(
+            plateau_shell::errln!(
                 "plateau: warning: more than {MAX_OWN} own mappings at once; the rest are not attributed to a line"
             )
         });

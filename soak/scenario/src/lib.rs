@@ -184,6 +184,12 @@ mod tests {
         let text = "name = \"x\"\ndescription = \"d\"\n[soak]\niterations = 100\nmax_iterations = 50\n[[phase]]\nkind = \"batch\"\n";
         let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
         assert_eq!(e, "f.toml:5:1: soak.max_iterations: 50 is below the run's planned length (100 iterations)");
+        let text = "name = \"x\"\ndescription = \"d\"\n[soak]\niterations = 100\ntarget_iterations = 600\nmax_iterations = 400\n[[phase]]\nkind = \"batch\"\n";
+        let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "f.toml:6:1: soak.max_iterations: 400 is below the planned length of a run against a server (target_iterations = 600)"
+        );
         let text = "name = \"x\"\ndescription = \"d\"\n[soak]\ntarget_iterations = 100\ntarget_warmup_iterations = 100\n[[phase]]\nkind = \"batch\"\n";
         let e = Scenario::parse(text, "f.toml").unwrap_err().to_string();
         assert_eq!(

@@ -186,6 +186,13 @@ impl Validator<'_> {
                     format!("{m} is below the run's planned length ({} iterations)", self.s.soak.iterations),
                 );
             }
+            // A run against a server plans target_iterations: the cap must hold it too.
+            if let Some(t) = self.s.soak.target_iterations.filter(|&t| m < t) {
+                return self.fail(
+                    soak("max_iterations"),
+                    format!("{m} is below the planned length of a run against a server (target_iterations = {t})"),
+                );
+            }
         }
         if let Some(t) = &self.s.soak.tolerance {
             if let Err(m) = t.parse::<plateau_reports::Tolerance>() {

@@ -11,14 +11,20 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use plateau_reports::{Status, Verdict};
 use toml::Table;
 
+use plateau_shell::children::Ended;
+
 use super::Origin;
+
+/// A candidate's note when plateau was told to stop before its verdict: it says nothing of its
+/// scenario (an interrupted soak is never an undecided one).
+pub const INTERRUPTED: &str = "interrupted (SIGTERM or Ctrl-C) before its verdict";
 
 /// What failed in the run being shrunk, and so what a candidate must fail on to fail the same way:
 /// the exact layer's failures (registries, idle self-checks) where there are any, since they are
@@ -102,7 +108,7 @@ pub struct Record {
     /// What this candidate changed from the best failing scenario so far.
     pub change: String,
     /// pass, fail, inconclusive; "invalid" (not a scenario), "error" (exit 2 or 3), or
-    /// "not run" (the budget was spent).
+    /// "not run" (the budget was spent, or plateau was told to stop).
     pub verdict: String,
     /// It failed on a metric of the signature.
     pub same_way: bool,
@@ -139,6 +145,9 @@ pub struct Setup<'a> {
     pub jobs: usize,
     /// No candidate starts after this.
     pub deadline: Instant,
+    /// Set by SIGTERM or SIGINT (`plateau_shell::children`): running candidates are stopped, and
+    /// no more start.
+    pub stop: Arc<AtomicBool>,
     pub quiet: bool,
     /// How a progress line names a candidate: "shrink: candidate", "fuzz: case".
     pub label: &'static str,
@@ -155,6 +164,8 @@ pub struct Runner<'a> {
     seen: BTreeMap<String, usize>,
     /// The budget ran out at least once: the result may not be minimal.
     pub out_of_budget: bool,
+    /// plateau was told to stop (SIGTERM, SIGINT): what was decided so far is all there is.
+    pub interrupted: bool,
 }
 
 /// What one child run needs, prepared before the batch runs in parallel.
@@ -166,7 +177,7 @@ struct Job {
 
 impl<'a> Runner<'a> {
     pub fn new(setup: Setup<'a>) -> Self {
-        Runner { setup, records: Vec::new(), seen: BTreeMap::new(), out_of_budget: false }
+        Runner { setup, records: Vec::new(), seen: BTreeMap::new(), out_of_budget: false, interrupted: false }
     }
 
     /// Judges a batch: for each (change, scenario), whether it fails the same way. Returns the
@@ -196,6 +207,10 @@ impl<'a> Runner<'a> {
             if let Err(e) = plateau_scenario::Scenario::parse(&text, "candidate.toml") {
                 rec.verdict = "invalid".into();
                 rec.note = e.to_string();
+            } else if self.setup.stop.load(Ordering::SeqCst) {
+                rec.verdict = "not run".into();
+                rec.note = INTERRUPTED.into();
+                self.interrupted = true;
             } else if Instant::now() >= self.setup.deadline {
                 rec.verdict = "not run".into();
                 rec.note = "the budget was spent".into();
@@ -208,6 +223,7 @@ impl<'a> Runner<'a> {
             self.records.push(rec);
         }
         self.run_all(jobs);
+        self.interrupted |= self.setup.stop.load(Ordering::SeqCst);
         answer.into_iter().map(|k| (self.records[k].same_way, k)).collect()
     }
 
@@ -224,7 +240,7 @@ impl<'a> Runner<'a> {
                     let Some(job) = jobs.get(k) else { break };
                     let rec = this.run_one(records[job.record].clone(), job);
                     if !this.quiet {
-                        eprintln!(
+                        plateau_shell::errln!(
                             "plateau: {} {} ({}): {}{} in {:.1} s",
                             this.label,
                             rec.id,
@@ -262,7 +278,7 @@ impl Setup<'_> {
         let v = match judged {
             Ok(v) => v,
             Err(e) => {
-                rec.verdict = "error".into();
+                rec.verdict = if e == INTERRUPTED { "not run" } else { "error" }.into();
                 rec.note = e;
                 return rec;
             }
@@ -318,11 +334,13 @@ impl Setup<'_> {
                 cmd.args(["--spawn", &s]);
             }
         }
-        let output = cmd.output().map_err(|e| format!("cannot run {}: {e}", self.exe.display()))?;
-        match (output.status.code(), read_verdict(out)) {
+        let ended = plateau_shell::children::run(&mut cmd, true, &self.stop)
+            .map_err(|e| format!("cannot run {}: {e}", self.exe.display()))?;
+        let Ended::Exited { status, stderr, .. } = ended else { return Err(INTERRUPTED.into()) };
+        match (status.code(), read_verdict(out)) {
             (Some(0 | 1 | 4), Ok(v)) => Ok(v),
             (code, _) => {
-                let err = String::from_utf8_lossy(&output.stderr);
+                let err = String::from_utf8_lossy(&stderr);
                 Err(format!(
                     "exit {}: {}",
                     code.map_or("by a signal".to_string(), |c| c.to_string()),
@@ -352,7 +370,7 @@ fn without_injections(flags: &[String]) -> Vec<String> {
 pub fn read_verdict(dir: &Path) -> Result<Verdict, String> {
     let run = plateau_analysis::load_run(dir)?;
     if let (Some(why), true) = (&run.judged_again, run.had_verdict) {
-        eprintln!("plateau: {why}: judged again from samples.jsonl");
+        plateau_shell::errln!("plateau: {why}: judged again from samples.jsonl");
     }
     Ok(run.verdict)
 }

@@ -33,6 +33,8 @@ pub struct FuzzOptions {
     pub budget: Duration,
     pub exe: PathBuf,
     pub quiet: bool,
+    /// Set by SIGTERM or SIGINT: cases stop, nothing is shrunk, fuzz.json says so (exit 4).
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One drawn mix: the phases kept (indices, in order) and the features left on.
@@ -77,6 +79,8 @@ pub fn draw(doc: &Table, cases: u32, seed: u64) -> Vec<Mix> {
 
 /// What a fuzz found.
 pub struct Fuzzed {
+    /// plateau was told to stop (SIGTERM, SIGINT) before the cases ended: nothing was shrunk.
+    pub interrupted: bool,
     /// Every case run, in order (a mix drawn twice runs once).
     pub records: Vec<Record>,
     /// Mixes drawn, and of them those whose run ended in a verdict (a repeat counts with its
@@ -108,6 +112,7 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
         dir: opts.out_dir.clone(),
         jobs,
         deadline: t0 + opts.budget,
+        stop: std::sync::Arc::clone(&opts.stop),
         quiet: opts.quiet,
         label: "fuzz: case",
         until_decided: true,
@@ -132,11 +137,12 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
             own_failure = Some(k);
             break;
         }
-        if runner.out_of_budget {
+        if runner.out_of_budget || runner.interrupted {
             break;
         }
     }
-    let failure = failing.map(|k| {
+    // A case cut short by a stop never fails: nothing is shrunk after a stop.
+    let failure = failing.filter(|_| !runner.interrupted).map(|k| {
         let shrunk = shrink(
             origin,
             &ShrinkOptions {
@@ -146,6 +152,7 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
                 budget: opts.budget.saturating_sub(t0.elapsed()).max(Duration::from_secs(60)),
                 exe: opts.exe.clone(),
                 quiet: opts.quiet,
+                stop: std::sync::Arc::clone(&opts.stop),
             },
         );
         (k, shrunk)
@@ -158,6 +165,7 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
         "first_failure": failing,
         "first_failure_without_injections": own_failure,
         "out_of_budget": runner.out_of_budget,
+        "interrupted": runner.interrupted,
     });
     let path = opts.out_dir.join("fuzz.json");
     plateau_reports::fsutil::write_atomic(
@@ -165,7 +173,15 @@ pub fn fuzz(doc: &Table, origin: &Origin, opts: &FuzzOptions) -> Result<Fuzzed, 
         (serde_json::to_string_pretty(&json).unwrap_or_default() + "\n").as_bytes(),
     )
     .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(Fuzzed { records: runner.records, drawn: mixes.len(), judged: judged_cases, undecided, failure, own_failure })
+    Ok(Fuzzed {
+        interrupted: runner.interrupted,
+        records: runner.records,
+        drawn: mixes.len(),
+        judged: judged_cases,
+        undecided,
+        failure,
+        own_failure,
+    })
 }
 
 #[cfg(test)]

@@ -62,6 +62,24 @@ pub struct Origin {
     pub spawn: Option<String>,
 }
 
+/// The flags of `plateau run` that start a process, shape what a started one runs, choose a
+/// process to probe or a file to read: what a run directory records of them (command.json) is
+/// never used by `shrink` or `bisect` unless the user trusts the directory (`--trust-run-dir`);
+/// `--spawn` may also be given again. Every other flag of `run` is data (a test of the `plateau`
+/// binary puts each of `run`'s flags in this list or among the data, so a new flag is decided).
+pub const FLAGS_THAT_RUN: [&str; 5] = ["--spawn", "--topology", "--spawn-env", "--pid", "--metrics-map"];
+
+/// What a flag of [`FLAGS_THAT_RUN`] would do, for the refusal.
+fn what_it_runs(flag: &str) -> &'static str {
+    match flag {
+        "--topology" => "a deployment whose processes plateau starts",
+        "--spawn-env" => "the environment of the server plateau starts: PATH, LD_PRELOAD, PYTHONPATH choose what runs",
+        "--pid" => "a process of this machine to probe",
+        "--metrics-map" => "a file of this machine to read",
+        _ => "a command plateau runs",
+    }
+}
+
 impl Origin {
     /// Takes a run directory's recorded command as safe to run again, or refuses: a run directory
     /// can come from anywhere (a CI artifact, a colleague's archive), and the `--spawn` command or
@@ -83,11 +101,15 @@ impl Origin {
                 run_dir.display()
             ));
         }
-        let topology = self.flags.iter().position(|f| f == "--topology").and_then(|i| self.flags.get(i + 1));
-        if let (Some(t), false) = (topology, trust) {
+        if trust {
+            return Ok(());
+        }
+        let mut pairs = self.flags.iter().zip(self.flags.iter().skip(1));
+        if let Some((flag, value)) = pairs.find(|(f, _)| FLAGS_THAT_RUN.contains(&f.as_str())) {
             return Err(format!(
-                "{}: its command.json records --topology {t}, whose processes plateau starts: a command from a run directory is never run unasked; give --trust-run-dir to run it",
-                run_dir.display()
+                "{}: its command.json records {flag} '{value}' ({}): what a run directory records is never used unasked; give --trust-run-dir to use it",
+                run_dir.display(),
+                what_it_runs(flag)
             ));
         }
         Ok(())
@@ -150,6 +172,8 @@ pub struct ShrinkOptions {
     /// The `plateau` binary the candidates run.
     pub exe: PathBuf,
     pub quiet: bool,
+    /// Set by SIGTERM or SIGINT: candidates stop, what was found so far is written (exit 4).
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -175,6 +199,8 @@ pub struct Shrunk {
     pub records: Vec<Record>,
     pub story: String,
     pub out_of_budget: bool,
+    /// plateau was told to stop before the search ended (exit 4).
+    pub interrupted: bool,
     pub secs: f64,
 }
 
@@ -182,9 +208,13 @@ pub struct Shrunk {
 /// wrote one) the shipped scenario it names.
 pub fn read_scenario(run_dir: &Path, origin: &Origin) -> Result<Table, ShrinkError> {
     let copy = run_dir.join(SCENARIO_FILE);
-    let text = match std::fs::read_to_string(&copy) {
-        Ok(t) => t,
-        Err(_) => match plateau_scenario::SHIPPED.iter().find(|(n, _)| *n == origin.scenario) {
+    let present = std::fs::symlink_metadata(&copy).is_ok();
+    let text = match present {
+        // A run directory is data: its copy is read as any input is (a regular file, capped).
+        true => plateau_reports::fsutil::read_input(&copy, plateau_scenario::MAX_SCENARIO_BYTES)
+            .and_then(|b| String::from_utf8(b).map_err(|e| format!("{}: not UTF-8 ({e})", copy.display())))
+            .map_err(ShrinkError::Input)?,
+        false => match plateau_scenario::SHIPPED.iter().find(|(n, _)| *n == origin.scenario) {
             Some((_, t)) => t.to_string(),
             None => {
                 return Err(ShrinkError::Input(format!(
@@ -274,7 +304,7 @@ fn link_from_report(run_dir: &Path, verdict: &plateau_reports::Verdict) {
         .map_err(|e| e.to_string())
         .and_then(|s| plateau_analysis::write_outputs(run_dir, &s, verdict).map_err(|e| e.to_string()));
     if let Err(e) = drawn {
-        eprintln!("plateau: shrink: warning: {}/report.html not redrawn: {e}", run_dir.display());
+        plateau_shell::errln!("plateau: shrink: warning: {}/report.html not redrawn: {e}", run_dir.display());
     }
 }
 
@@ -310,6 +340,42 @@ fn replay_length(verdict: &plateau_reports::Verdict, signature: &Signature, orig
     verdict.iterations.max(planned).max(1)
 }
 
+/// Candidate 0: the run as it was, from its seed. It must fail the same way again for anything
+/// to be shrunk; a stop, a spent budget, a failure without the injections or another outcome
+/// end the shrink here, each with its exit.
+fn replay_original(search: &mut Search, start: &Table, out_dir: &Path) -> Result<(), ShrinkError> {
+    let replayed = search.runner.judge(&[("the run as it was".into(), start.clone())]);
+    let first = &search.runner.records[replayed[0].1];
+    if first.verdict == "not run" && search.runner.interrupted {
+        return Err(ShrinkError::Undecided(format!(
+            "interrupted before the run was replayed (candidate 0 {}): nothing was shrunk",
+            first.note
+        )));
+    }
+    if first.verdict == "not run" {
+        return Err(ShrinkError::Undecided(format!(
+            "the budget ran out before the run was replayed (candidate 0 {}): nothing was shrunk; give a larger --budget",
+            first.note
+        )));
+    }
+    if !first.control_failing.is_empty() {
+        return Err(ShrinkError::FailsOnItsOwn(format!(
+            "the run fails without its injections too (on {}): the server or engine under test grows on its own; see {}",
+            first.control_failing.join(", "),
+            out_dir.join("candidates").join(format!("{:03}", first.id)).join("control").display()
+        )));
+    }
+    if !replayed[0].0 {
+        return Err(ShrinkError::Harness(format!(
+            "the run did not fail the same way again from its seed (candidate 0: {}{}): nothing to shrink from; see {}",
+            first.verdict,
+            if first.note.is_empty() { String::new() } else { format!(", {}", first.note) },
+            out_dir.join("candidates/000").display()
+        )));
+    }
+    Ok(())
+}
+
 /// Shrinks the failing run in `opts.run_dir` (see the module's lifecycle).
 pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkError> {
     let t0 = Instant::now();
@@ -335,34 +401,13 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
         dir: opts.out_dir.clone(),
         jobs,
         deadline: t0 + opts.budget,
+        stop: std::sync::Arc::clone(&opts.stop),
         quiet: opts.quiet,
         label: "shrink: candidate",
         until_decided: false,
     };
     let mut search = Search { runner: Runner::new(setup), best: start.clone() };
-    let replayed = search.runner.judge(&[("the run as it was".into(), start.clone())]);
-    let first = &search.runner.records[replayed[0].1];
-    if first.verdict == "not run" {
-        return Err(ShrinkError::Undecided(format!(
-            "the budget ran out before the run was replayed (candidate 0 {}): nothing was shrunk; give a larger --budget",
-            first.note
-        )));
-    }
-    if !first.control_failing.is_empty() {
-        return Err(ShrinkError::FailsOnItsOwn(format!(
-            "the run fails without its injections too (on {}): the server or engine under test grows on its own; see {}",
-            first.control_failing.join(", "),
-            opts.out_dir.join("candidates").join(format!("{:03}", first.id)).join("control").display()
-        )));
-    }
-    if !replayed[0].0 {
-        return Err(ShrinkError::Harness(format!(
-            "the run did not fail the same way again from its seed (candidate 0: {}{}): nothing to shrink from; see {}",
-            first.verdict,
-            if first.note.is_empty() { String::new() } else { format!(", {}", first.note) },
-            opts.out_dir.join("candidates/000").display()
-        )));
-    }
+    replay_original(&mut search, &start, &opts.out_dir)?;
     // The detector's resolution: a gauge needs its warm-up and a minimum of points after it; an
     // exact-layer failure is decided at the first quiescent point that shows it.
     let floor = if signature.exact {
@@ -391,6 +436,7 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
     rename(&mut search.best, &signature, &checks);
     let minimal = search.best.clone();
     let out_of_budget = search.runner.out_of_budget;
+    let interrupted = search.runner.interrupted;
     let secs = t0.elapsed().as_secs_f64();
     let records = search.runner.records;
     let story = story::write(&story::Inputs {
@@ -403,13 +449,14 @@ pub fn shrink(origin: &Origin, opts: &ShrinkOptions) -> Result<Shrunk, ShrinkErr
         checks: &checks,
         records: &records,
         out_of_budget,
+        interrupted,
         secs,
     })
     .map_err(ShrinkError::Harness)?;
     if opts.out_dir == opts.run_dir.join("shrink") {
         link_from_report(&opts.run_dir, &verdict);
     }
-    Ok(Shrunk { minimal, records, story, out_of_budget, secs })
+    Ok(Shrunk { minimal, records, story, out_of_budget, interrupted, secs })
 }
 
 #[cfg(test)]

@@ -90,6 +90,8 @@ pub struct Inputs<'a> {
     pub checks: &'a [Check],
     pub records: &'a [Record],
     pub out_of_budget: bool,
+    /// plateau was told to stop (SIGTERM, SIGINT) before the search ended.
+    pub interrupted: bool,
     pub secs: f64,
 }
 
@@ -175,7 +177,10 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         features::seed(i.minimal).unwrap_or(0),
         if i.origin.injections.is_empty() { "no injection".to_string() } else { i.origin.injections.join(", ") }
     );
-    if i.out_of_budget {
+    if i.interrupted {
+        let _ =
+            writeln!(s, "**Interrupted** (SIGTERM or Ctrl-C): the search stopped there, so this may not be minimal.\n");
+    } else if i.out_of_budget {
         let _ = writeln!(s, "**The budget ran out**: some candidates were not run, so this may not be minimal.\n");
     }
     let _ = writeln!(
@@ -212,6 +217,7 @@ pub fn write(i: &Inputs) -> Result<String, String> {
         "original_iterations": features::length(i.original),
         "replay": replay(i),
         "out_of_budget": i.out_of_budget,
+        "interrupted": i.interrupted,
         "wall_secs": i.secs,
         "candidates": i.records,
     });

@@ -70,7 +70,7 @@ pub fn serve(scenario: &Scenario, opts: &ServeOptions) -> Result<(), RunError> {
         .spawn(move || engine_loop::run(engine, rx))
         .map_err(|e| RunError::Harness(format!("engine thread: {e}")))?;
     let app = http::router(Arc::new(http::AppState { commands: tx, model }));
-    eprintln!("plateau serve: listening on http://{addr} (backend {backend}, Ctrl-C stops)");
+    plateau_shell::errln!("plateau serve: listening on http://{addr} (backend {backend}, Ctrl-C stops)");
     let served = runtime.block_on(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async {

@@ -293,7 +293,7 @@ impl SitesWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::read::SiteLog;
+    use crate::SiteLog;
 
     fn snap(prefix: &str, sites: &[(&str, i64)]) -> Snapshot {
         let mut s = Snapshot { prefix: prefix.into(), ..Snapshot::default() };

@@ -69,7 +69,10 @@ fn samples(gauges: &[(&str, &dyn Fn(u64) -> f64)]) -> Samples {
 
 /// A sites log of the process `target.`: each site (name, domain) with its live bytes by
 /// iteration, recorded from [`SITES_FROM`].
-fn log(sites: &[(&str, &str, &dyn Fn(u64) -> f64)]) -> SiteLog {
+/// A site: its name, its kind of growth and its live bytes at each iteration.
+type SiteSeries<'a> = (&'a str, &'a str, &'a dyn Fn(u64) -> f64);
+
+fn log(sites: &[SiteSeries]) -> SiteLog {
     let mut text = String::from(
         "{\"schema\":\"plateau.sites.v1\"}\n{\"process\":{\"prefix\":\"target.\",\"profiler\":\"test\"}}\n",
     );

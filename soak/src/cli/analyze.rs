@@ -38,34 +38,43 @@ pub fn main(a: Args) -> u8 {
     let s = match Samples::read(&samples) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             return USAGE;
         }
     };
     let overrides = match differing(&s, &Overrides { warmup, tolerance }) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("plateau: {}: {e}", samples.display());
+            plateau_shell::errln!("plateau: {}: {e}", samples.display());
             return USAGE;
         }
     };
     let v = match judge_read(&s, &samples, &overrides) {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             return USAGE;
         }
     };
     let run_dir = samples.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let run_has_verdict = run_dir.join("verdict.json").exists();
     let overridden = overrides != Overrides::default();
+    let given = out.is_some();
     let dir = match out {
         Some(d) => d,
         None if run_has_verdict => run_dir.join(OVERRIDDEN_DIR),
         None => run_dir.to_path_buf(),
     };
+    // A directory of the user's own is never written into: --out (and analyze/) is taken as
+    // `run --out` is, new or empty or plateau's own; the samples' own directory by default.
+    if given || run_has_verdict {
+        if let Err(e) = plateau_reports::fsutil::claim_run_dir(&dir) {
+            plateau_shell::errln!("plateau: --out {e}");
+            return USAGE;
+        }
+    }
     if run_has_verdict && same_dir(&dir, run_dir) {
-        eprintln!(
+        plateau_shell::errln!(
             "plateau: --out {}: it holds the run's own verdict.json; analyze's verdict goes beside it, never over it: give another --out (by default {})",
             dir.display(),
             run_dir.join(OVERRIDDEN_DIR).display()
@@ -74,14 +83,14 @@ pub fn main(a: Args) -> u8 {
     }
     if let Err(e) = write_outputs(&dir, &s, &v) {
         // The output directory is the user's: one that cannot be written is bad input.
-        eprintln!("plateau: --out {}: {e}", dir.display());
+        plateau_shell::errln!("plateau: --out {}: {e}", dir.display());
         return USAGE;
     }
-    eprint!("{}", describe(&v));
+    plateau_shell::err!("{}", describe(&v));
     if overridden {
-        eprintln!("plateau: judged with {}: written to {}", overrides.flags().join(" "), dir.display());
+        plateau_shell::errln!("plateau: judged with {}: written to {}", overrides.flags().join(" "), dir.display());
     } else {
-        eprintln!("plateau: written to {}", dir.display());
+        plateau_shell::errln!("plateau: written to {}", dir.display());
     }
     let run = plateau_reports::ci::RunRef { verdict: &v, dir: dir.display().to_string(), replay: None };
     if let Err(code) = ci.write(&[run]) {

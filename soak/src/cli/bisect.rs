@@ -2,8 +2,6 @@
 //! library's `bisect` module has the search).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use plateau_soak::bisect::{self, BisectError, BisectOptions};
 
@@ -56,25 +54,27 @@ pub struct Args {
 pub fn main(a: Args) -> u8 {
     let Args { run_dir, repo, good, bad, build, out, jobs, quiet, spawn, trust_run_dir, command } = a;
     if run_dir.is_none() && (spawn.is_some() || trust_run_dir) {
-        eprintln!(
+        plateau_shell::errln!(
             "plateau: --spawn and --trust-run-dir apply to a run directory's soak; after --, give the soak whole"
         );
         return USAGE;
     }
     let command = match (run_dir, command.is_empty()) {
         (Some(_), false) => {
-            eprintln!("plateau: bisect takes a run directory or a soak after --, not both");
+            plateau_shell::errln!("plateau: bisect takes a run directory or a soak after --, not both");
             return USAGE;
         }
         (None, true) => {
-            eprintln!("plateau: bisect needs the soak: `-- run SCENARIO ARGS...` (or a failing run's directory)");
+            plateau_shell::errln!(
+                "plateau: bisect needs the soak: `-- run SCENARIO ARGS...` (or a failing run's directory)"
+            );
             return USAGE;
         }
         (None, false) => command,
         (Some(dir), true) => match command_of(&dir, &repo, spawn, trust_run_dir) {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("plateau: {e}");
+                plateau_shell::errln!("plateau: {e}");
                 return USAGE;
             }
         },
@@ -83,25 +83,26 @@ pub fn main(a: Args) -> u8 {
         Ok(e) => e,
         Err(code) => return code,
     };
-    let interrupt = Arc::new(AtomicBool::new(false));
-    if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&interrupt)) {
-        eprintln!("plateau: warning: Ctrl-C will end the bisect without its outputs: {e}");
-    }
     let out = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("bisect-{}", super::timestamp())));
+    // Its worktrees go under --out: a relative one is taken from here, never from the repository.
+    let (out, interrupt) = match (super::absolute(&out, "--out"), super::stop_flag()) {
+        (Ok(o), Ok(stop)) => (o, stop),
+        (Err(code), _) | (_, Err(code)) => return code,
+    };
     let o = BisectOptions { repo, good, bad, build, out, jobs: jobs as usize, command, plateau, interrupt, quiet };
     match bisect::bisect(&o) {
         Ok(r) => {
             match &r.first_bad {
-                Some(sha) => eprintln!("plateau: first bad commit: {sha}"),
-                None if r.interrupted => eprintln!("plateau: interrupted: no first bad commit named"),
-                None => eprintln!(
+                Some(sha) => plateau_shell::errln!("plateau: first bad commit: {sha}"),
+                None if r.interrupted => plateau_shell::errln!("plateau: interrupted: no first bad commit named"),
+                None => plateau_shell::errln!(
                     "plateau: skipped candidates leave a range: the first bad commit is one of {}",
                     r.range.iter().map(|c| bisect::short(c)).collect::<Vec<_>>().join(", ")
                 ),
             }
             let soaked = r.candidates.iter().filter(|c| c.skipped.is_none()).count();
             let skipped = r.candidates.len() - soaked;
-            eprintln!(
+            plateau_shell::errln!(
                 "plateau: {soaked} soaked, {skipped} skipped, in {:.0} s; bisect.json, story.md and report.html in {}",
                 r.wall_s,
                 o.out.display()
@@ -109,11 +110,11 @@ pub fn main(a: Args) -> u8 {
             r.exit_code
         }
         Err(BisectError::Input(m)) => {
-            eprintln!("plateau: {m}");
+            plateau_shell::errln!("plateau: {m}");
             USAGE
         }
         Err(BisectError::Harness(m)) => {
-            eprintln!("plateau: {m}");
+            plateau_shell::errln!("plateau: {m}");
             HARNESS
         }
     }
@@ -126,7 +127,7 @@ fn command_of(run_dir: &Path, repo: &Path, spawn: Option<String>, trust: bool) -
     origin.trusted(spawn, trust, run_dir)?;
     let run = plateau_soak::analysis::load_run(run_dir)?;
     if let Some(why) = &run.judged_again {
-        eprintln!("plateau: {why}: judged again from samples.jsonl");
+        plateau_shell::errln!("plateau: {why}: judged again from samples.jsonl");
     }
     let verdict = run.verdict;
     let top = bisect::git::toplevel(repo)?;

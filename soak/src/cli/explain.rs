@@ -14,11 +14,11 @@ pub struct Args {
 pub fn main(a: Args) -> u8 {
     match plateau_soak::explain::explain(&a.run_dir) {
         Ok((story, verdict)) => {
-            print!("{story}");
+            plateau_shell::out!("{story}");
             verdict_code(&verdict)
         }
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             USAGE
         }
     }

@@ -179,11 +179,13 @@ impl ExternalArgs {
     /// Flags that only mean something with a server plateau starts or reads: said, and exit 2.
     pub(super) fn check(&self) -> Result<(), u8> {
         if !self.spawn_env.is_empty() && self.spawn.is_none() && self.topology.is_none() {
-            eprintln!("plateau: --spawn-env is the environment of a server plateau starts: give --spawn \"CMD\" or --topology FILE");
+            plateau_shell::errln!("plateau: --spawn-env is the environment of a server plateau starts: give --spawn \"CMD\" or --topology FILE");
             return Err(USAGE);
         }
         if self.dialect.is_some() && self.target.is_none() && self.topology.is_none() {
-            eprintln!("plateau: --dialect names an external server's dialect: give --target URL or --topology FILE");
+            plateau_shell::errln!(
+                "plateau: --dialect names an external server's dialect: give --target URL or --topology FILE"
+            );
             return Err(USAGE);
         }
         Ok(())
@@ -199,15 +201,15 @@ impl ExternalArgs {
         profile: bool,
     ) -> Result<plateau_soak::external::ExternalOptions, u8> {
         if opts.pd_processes || opts.backend.is_some() {
-            eprintln!("plateau: --target: --pd-processes and --backend apply to plateau's own engine only");
+            plateau_shell::errln!("plateau: --target: --pd-processes and --backend apply to plateau's own engine only");
             return Err(USAGE);
         }
         if profile && self.spawn.is_none() && topology.is_none() {
-            eprintln!("plateau: --target --profile: the profiled replay starts a fresh server under a profiler; give the command with --spawn \"CMD\"");
+            plateau_shell::errln!("plateau: --target --profile: the profiled replay starts a fresh server under a profiler; give the command with --spawn \"CMD\"");
             return Err(USAGE);
         }
         if opts.sample_interval_ms.is_some_and(|ms| ms > 0) {
-            eprintln!("plateau: --target: a server is sampled at quiescent points only (no timer samples); drop --sample-interval-ms");
+            plateau_shell::errln!("plateau: --target: a server is sampled at quiescent points only (no timer samples); drop --sample-interval-ms");
             return Err(USAGE);
         }
         let ext = plateau_soak::external::ExternalOptions {

@@ -52,14 +52,14 @@ pub fn main(a: Args) -> u8 {
     let (s, _) = match Scenario::load(&scenario) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             return USAGE;
         }
     };
     let mut doc: toml::Table = match s.text.parse() {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("plateau: {}: {e}", s.file);
+            plateau_shell::errln!("plateau: {}: {e}", s.file);
             return USAGE;
         }
     };
@@ -73,20 +73,26 @@ pub fn main(a: Args) -> u8 {
         flags.extend(["--inject".to_string(), i.name().to_string()]);
     }
     let origin = external.origin(&scenario, &inject, flags);
+    let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("fuzz-{}-{}", s.name, super::timestamp())));
+    let (out_dir, stop) = match (super::absolute(&out_dir, "--out"), super::stop_flag()) {
+        (Ok(o), Ok(stop)) => (o, stop),
+        (Err(code), _) | (_, Err(code)) => return code,
+    };
     let opts = FuzzOptions {
         cases,
         iterations,
         seed: seed.unwrap_or(s.soak.seed),
-        out_dir: out.unwrap_or_else(|| PathBuf::from("runs").join(format!("fuzz-{}-{}", s.name, super::timestamp()))),
+        out_dir,
         jobs: super::jobs_or_cores(jobs),
         budget,
         exe,
         quiet,
+        stop,
     };
     let found = match fuzz::fuzz(&doc, &origin, &opts) {
         Ok(f) => f,
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             return USAGE;
         }
     };
@@ -104,9 +110,18 @@ fn tell(found: &fuzz::Fuzzed, opts: &FuzzOptions, asked: usize) -> u8 {
     // Any case that failed is a finding, the injection's or the server's own: never a pass.
     let failed = found.failure.is_some() || found.records.iter().any(|r| r.verdict == "fail");
     let code = outcome_code(failed, judged, found.undecided, asked);
+    if found.interrupted {
+        let fails = found.records.iter().filter(|r| r.verdict == "fail").count();
+        let passes = found.records.iter().filter(|r| r.verdict == "pass").count();
+        plateau_shell::errln!(
+            "plateau: fuzz: interrupted (SIGTERM or Ctrl-C): {judged} of {asked} cases judged before the stop ({fails} failed, {passes} passed), the running ones stopped, nothing shrunk; see {}",
+            fuzz_json.display()
+        );
+        return INCONCLUSIVE;
+    }
     if let (None, Some(k)) = (&found.failure, found.own_failure) {
         let r = &found.records[k];
-        eprintln!(
+        plateau_shell::errln!(
             "plateau: fuzz: case {k} ({}) failed on {}, and its control run without the injections failed too, on {}: the server under test grows on its own (not the injection's leak; see {})",
             r.change,
             r.failing.join(", "),
@@ -116,7 +131,7 @@ fn tell(found: &fuzz::Fuzzed, opts: &FuzzOptions, asked: usize) -> u8 {
         return code;
     }
     if let (None, Some(r)) = (&found.failure, found.records.iter().find(|r| r.verdict == "fail")) {
-        eprintln!(
+        plateau_shell::errln!(
             "plateau: fuzz: case {} ({}) failed on {}: {} ({})",
             r.id,
             r.change,
@@ -133,7 +148,7 @@ fn tell(found: &fuzz::Fuzzed, opts: &FuzzOptions, asked: usize) -> u8 {
             } else {
                 "every case that ran failed to run to a verdict"
             };
-            eprintln!("plateau: fuzz: no case was judged ({why}; see {})", fuzz_json.display());
+            plateau_shell::errln!("plateau: fuzz: no case was judged ({why}; see {})", fuzz_json.display());
             code
         }
         None if code == INCONCLUSIVE => {
@@ -147,7 +162,7 @@ fn tell(found: &fuzz::Fuzzed, opts: &FuzzOptions, asked: usize) -> u8 {
             if judged < asked && errors == 0 {
                 why.push("the budget ran out for the rest".into());
             }
-            eprintln!(
+            plateau_shell::errln!(
                 "plateau: fuzz: {} of {asked} cases decided, none failing; {} (see {}): nothing here is a pass",
                 judged - found.undecided,
                 why.join(", "),
@@ -156,7 +171,7 @@ fn tell(found: &fuzz::Fuzzed, opts: &FuzzOptions, asked: usize) -> u8 {
             code
         }
         None => {
-            eprintln!(
+            plateau_shell::errln!(
                 "plateau: fuzz: {judged} cases of {iterations} iterations or more, all judged and passed: none left anything behind or grew ({})",
                 opts.out_dir.display()
             );
@@ -164,17 +179,17 @@ fn tell(found: &fuzz::Fuzzed, opts: &FuzzOptions, asked: usize) -> u8 {
         }
         Some((k, shrunk)) => {
             let r = &found.records[*k];
-            eprintln!("plateau: fuzz: case {k} ({}) failed on {}", r.change, r.failing.join(", "));
+            plateau_shell::errln!("plateau: fuzz: case {k} ({}) failed on {}", r.change, r.failing.join(", "));
             match shrunk {
                 Ok(s) => {
-                    print!("{}", s.story.split("\n## Candidates").next().unwrap_or(""));
-                    eprintln!(
+                    plateau_shell::out!("{}", s.story.split("\n## Candidates").next().unwrap_or(""));
+                    plateau_shell::errln!(
                         "plateau: fuzz: shrunk in {:.0} s: {}",
                         s.secs,
                         opts.out_dir.join("shrink/story.md").display()
                     );
                 }
-                Err(e) => eprintln!("plateau: fuzz: the failing case could not be shrunk: {e}"),
+                Err(e) => plateau_shell::errln!("plateau: fuzz: the failing case could not be shrunk: {e}"),
             }
             code
         }

@@ -96,12 +96,12 @@ fn history(cmd: HistoryCmd) -> u8 {
             });
             match out {
                 Ok((md, h)) => {
-                    print!("{md}");
+                    plateau_shell::out!("{md}");
                     if let Err(e) = plateau_soak::fsutil::write_atomic(&page, h.as_bytes()) {
-                        eprintln!("plateau: history: --html {}: {e}", page.display());
+                        plateau_shell::errln!("plateau: history: --html {}: {e}", page.display());
                         return USAGE;
                     }
-                    eprintln!("history: page written to {}", page.display());
+                    plateau_shell::errln!("history: page written to {}", page.display());
                     PASS
                 }
                 Err(e) => error_code(e),
@@ -112,7 +112,7 @@ fn history(cmd: HistoryCmd) -> u8 {
                 .and_then(|r| history::open(&db, false).and_then(|c| history::check::pin(&c, &db, &r)));
             match pinned {
                 Ok(line) => {
-                    println!("history: {line}");
+                    plateau_shell::outln!("history: {line}");
                     PASS
                 }
                 Err(e) => error_code(e),
@@ -129,11 +129,11 @@ fn error_code(e: plateau_soak::history::HistoryError) -> u8 {
     use plateau_soak::history::HistoryError;
     match e {
         HistoryError::Input(m) => {
-            eprintln!("plateau: history: {m}");
+            plateau_shell::errln!("plateau: history: {m}");
             USAGE
         }
         HistoryError::Harness(m) => {
-            eprintln!("plateau: history: {m}");
+            plateau_shell::errln!("plateau: history: {m}");
             HARNESS
         }
     }
@@ -147,13 +147,13 @@ fn add(run_dirs: &[PathBuf], db: &Path) -> u8 {
     let (with, without): (Vec<&PathBuf>, Vec<&PathBuf>) =
         run_dirs.iter().partition(|d| history::store::has_samples(d) || !d.is_dir());
     for d in &without {
-        eprintln!(
+        plateau_shell::errln!(
             "plateau: history: {}: no samples.jsonl (a run that ended before its first sample): skipped",
             d.display()
         );
     }
     if with.is_empty() {
-        eprintln!("plateau: history: none of the directories holds a run's samples: nothing to add");
+        plateau_shell::errln!("plateau: history: none of the directories holds a run's samples: nothing to add");
         return USAGE;
     }
     let runs = match with.iter().map(|d| history::store::read_run(d)).collect::<Result<Vec<_>, _>>() {
@@ -164,7 +164,12 @@ fn add(run_dirs: &[PathBuf], db: &Path) -> u8 {
         .and_then(|mut c| history::store::add(&mut c, db, &runs, &plateau_soak::environment::utc_now()));
     match added {
         Ok(n) => {
-            println!("history: {n} runs added to {} ({} already there)", db.display(), runs.len() - n);
+            let kept = runs.len() - n.new - n.replaced;
+            let replaced = match n.replaced {
+                0 => String::new(),
+                r => format!(", {r} stored before under another verdict replaced by the judgement of their samples"),
+            };
+            plateau_shell::outln!("history: {} runs added to {} ({kept} already there{replaced})", n.new, db.display());
             PASS
         }
         Err(e) => error_code(e),
@@ -176,34 +181,38 @@ fn add(run_dirs: &[PathBuf], db: &Path) -> u8 {
 fn check(db: &Path, scenario: Option<&str>, last: u64, level_tolerance_pct: f64) -> u8 {
     use plateau_soak::history;
     if !(level_tolerance_pct.is_finite() && level_tolerance_pct >= 0.0) {
-        eprintln!("plateau: history: --level-tolerance-pct {level_tolerance_pct}: give a percentage of 0 or more");
+        plateau_shell::errln!(
+            "plateau: history: --level-tolerance-pct {level_tolerance_pct}: give a percentage of 0 or more"
+        );
         return USAGE;
     }
     let o = history::check::CheckOptions { last: last as usize, level_tolerance_pct };
     match history::open(db, false).and_then(|c| history::check::check(&c, db, scenario, &o)) {
         Ok(out) => {
             for line in &out.compared {
-                println!("{line}");
+                plateau_shell::outln!("{line}");
             }
             for line in &out.regressions {
-                println!("REGRESSION {line}");
+                plateau_shell::outln!("REGRESSION {line}");
             }
             for line in &out.undecided {
-                println!("UNDECIDED {line}");
+                plateau_shell::outln!("UNDECIDED {line}");
             }
             if !out.regressions.is_empty() {
                 LEAK
             } else if !out.undecided.is_empty() {
-                eprintln!(
+                plateau_shell::errln!(
                     "plateau: history: {} scenario(s) could not be judged tonight: nothing here is a pass",
                     out.undecided.len()
                 );
                 INCONCLUSIVE
             } else if out.groups_judged == 0 {
-                eprintln!("plateau: history: no scenario has a night to compare with its baseline: nothing judged");
+                plateau_shell::errln!(
+                    "plateau: history: no scenario has a night to compare with its baseline: nothing judged"
+                );
                 INCONCLUSIVE
             } else {
-                println!("history: no regression");
+                plateau_shell::outln!("history: no regression");
                 PASS
             }
         }

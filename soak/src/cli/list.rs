@@ -6,18 +6,18 @@ use plateau_soak::scenario::{Scenario, SHIPPED};
 use super::PASS;
 
 pub fn main() -> u8 {
-    println!("scenarios:");
+    plateau_shell::outln!("scenarios:");
     for (name, text) in SHIPPED {
         let d = Scenario::parse(text, name).map(|s| s.description).unwrap_or_else(|e| e.to_string());
-        println!("  {name:<28} {d}");
+        plateau_shell::outln!("  {name:<28} {d}");
     }
-    println!("injections:");
+    plateau_shell::outln!("injections:");
     for i in Injection::ALL {
-        println!("  {:<28} {}", i.name(), i.description());
+        plateau_shell::outln!("  {:<28} {}", i.name(), i.description());
     }
-    println!("plants (must-pass caches, --plant NAME):");
+    plateau_shell::outln!("plants (must-pass caches, --plant NAME):");
     for p in Plant::ALL {
-        println!("  {:<28} {}", p.name(), p.description());
+        plateau_shell::outln!("  {:<28} {}", p.name(), p.description());
     }
     PASS
 }

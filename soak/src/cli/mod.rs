@@ -12,6 +12,7 @@ pub mod explain;
 pub mod external;
 pub mod fuzz;
 pub mod history;
+pub mod length;
 pub mod list;
 pub mod node;
 pub mod replay;
@@ -61,7 +62,7 @@ impl CiArgs {
     fn write_texts(&self, md: impl Fn() -> String, xml: impl Fn() -> Result<String, String>) -> Result<(), u8> {
         let write = |path: &Path, text: &str| {
             plateau_soak::fsutil::write_atomic(path, text.as_bytes()).map_err(|e| {
-                eprintln!("plateau: {}: {e}", path.display());
+                plateau_shell::errln!("plateau: {}: {e}", path.display());
                 USAGE
             })
         };
@@ -70,7 +71,7 @@ impl CiArgs {
         }
         if let Some(p) = &self.junit {
             let text = xml().map_err(|e| {
-                eprintln!("plateau: --junit: {e}");
+                plateau_shell::errln!("plateau: --junit: {e}");
                 HARNESS
             })?;
             write(p, &text)?;
@@ -81,7 +82,7 @@ impl CiArgs {
 
 /// Prints why a run could not produce a verdict; its exit code: bad input 2, the harness 3.
 pub fn run_error_code(e: RunError) -> u8 {
-    eprintln!("plateau: {e}");
+    plateau_shell::errln!("plateau: {e}");
     match e {
         RunError::Input(_) => USAGE,
         RunError::Harness(_) => HARNESS,
@@ -96,7 +97,7 @@ pub fn jobs_or_cores(jobs: Option<u16>) -> usize {
 /// This binary, which runs its own child runs; Err(exit 3) when it cannot be found, said.
 pub fn own_exe() -> Result<PathBuf, u8> {
     std::env::current_exe().map_err(|e| {
-        eprintln!("plateau: cannot find my own binary: {e}");
+        plateau_shell::errln!("plateau: cannot find my own binary: {e}");
         HARNESS
     })
 }
@@ -104,6 +105,25 @@ pub fn own_exe() -> Result<PathBuf, u8> {
 /// A wall-clock budget such as 90s, 30m or 2h (`--budget`).
 pub fn parse_budget(s: &str) -> Result<std::time::Duration, String> {
     plateau_soak::scenario::parse_duration_secs(s).map(std::time::Duration::from_secs_f64)
+}
+
+/// `path` made absolute against the current directory, before anything is written there (a
+/// child that runs elsewhere, git's `-C`, must find the same place); an error is said, exit 2.
+pub fn absolute(path: &Path, flag: &str) -> Result<PathBuf, u8> {
+    std::path::absolute(path).map_err(|e| {
+        plateau_shell::errln!("plateau: {flag} {}: {e}", path.display());
+        USAGE
+    })
+}
+
+/// The flag SIGTERM and SIGINT set, for a command that runs child processes (`bisect`, `fuzz`,
+/// `shrink`): its children are stopped and it ends with what it decided (exit 4); exit 3 when
+/// the handlers cannot be registered.
+pub fn stop_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>, u8> {
+    plateau_shell::children::stop_on_signals().map_err(|e| {
+        plateau_shell::errln!("plateau: cannot take over {e}: a stop would leave child processes running");
+        HARNESS
+    })
 }
 
 /// UTC time as YYYYmmdd-HHMMSS, for default run directories.

@@ -57,7 +57,7 @@ pub fn serve_node(
     match run() {
         Ok(()) => PASS,
         Err((code, m)) => {
-            eprintln!("plateau node: {m}");
+            plateau_shell::errln!("plateau node: {m}");
             code
         }
     }

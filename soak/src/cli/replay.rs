@@ -223,7 +223,7 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
             let exe = match std::env::current_exe() {
                 Ok(e) => e,
                 Err(e) => {
-                    eprintln!("plateau: the profiled replay cannot find this binary: {e}");
+                    plateau_shell::errln!("plateau: the profiled replay cannot find this binary: {e}");
                     return Some(HARNESS);
                 }
             };
@@ -242,7 +242,7 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
                     .collect(),
             };
             if !matches!(kind, ServerKind::OwnAllocator { .. }) {
-                eprintln!("plateau: {whose}{}; profiling a replay of iterations {start}..{end}", kind.describe());
+                plateau_shell::errln!("plateau: {whose}{}; profiling a replay of iterations {start}..{end}", kind.describe());
             }
             match replay.run() {
                 Ok(_) => return rejudge(r),
@@ -250,9 +250,9 @@ pub fn server_sites(r: &mut driver::RunResult, opts: &RunOptions, server: &Serve
             }
         }
     };
-    eprintln!("plateau: no allocating line named: {why}");
+    plateau_shell::errln!("plateau: no allocating line named: {why}");
     if let Err(e) = explains.record_failure(why) {
-        eprintln!("plateau: {e}");
+        plateau_shell::errln!("plateau: {e}");
         return Some(HARNESS);
     }
     rejudge(r)
@@ -314,8 +314,9 @@ fn run_rate(
 /// role's process (servers.json).
 fn read_kind(dir: &std::path::Path, role: Option<&str>) -> Result<ServerKind, String> {
     let p = dir.join(if role.is_some() { plateau_soak::external::profile::SERVERS_FILE } else { "server.json" });
-    let text = std::fs::read_to_string(&p)
-        .map_err(|e| format!("{}: {e}: what kind of program the server is was not read during the run", p.display()))?;
+    let text = plateau_reports::fsutil::read_input(&p, plateau_reports::fsutil::RUN_FILE_BYTES)
+        .and_then(|b| String::from_utf8(b).map_err(|e| format!("{}: not UTF-8 ({e})", p.display())))
+        .map_err(|e| format!("{e}: what kind of program the server is was not read during the run"))?;
     let Some(role) = role else { return serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display())) };
     let mut kinds: std::collections::BTreeMap<String, ServerKind> =
         serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
@@ -332,7 +333,7 @@ fn rejudge(r: &mut driver::RunResult) -> Option<u8> {
             None
         }
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             Some(HARNESS)
         }
     }

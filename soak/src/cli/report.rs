@@ -28,7 +28,7 @@ pub fn main(a: Args) -> u8 {
 fn load(dir: &Path) -> Result<(Samples, Verdict), String> {
     let run = load_run(dir)?;
     match (&run.judged_again, run.had_verdict) {
-        (Some(why), true) => eprintln!("plateau: {why}: judged again from samples.jsonl (the recorded verdict is not trusted, and is left as it is)"),
+        (Some(why), true) => plateau_shell::errln!("plateau: {why}: judged again from samples.jsonl (the recorded verdict is not trusted, and is left as it is)"),
         (Some(_), false) => {
             let path = dir.join("verdict.json");
             write_verdict(dir, &run.verdict).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -42,7 +42,7 @@ fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
     let (s, v) = match load(run_dir) {
         Ok(x) => x,
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             return USAGE;
         }
     };
@@ -53,32 +53,37 @@ fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
             verdict,
         }),
         Err(e) => {
-            eprintln!("plateau: --baseline: {e}");
+            plateau_shell::errln!("plateau: --baseline: {e}");
             return USAGE;
         }
     };
     if let Err(e) = plateau_soak::analysis::draw(run_dir, &s, &v, base.as_ref()) {
-        eprintln!("plateau: {}: cannot write the report: {e}", run_dir.display());
+        plateau_shell::errln!("plateau: {}: cannot write the report: {e}", run_dir.display());
         return USAGE;
     }
-    print!("{}", describe(&v));
+    plateau_shell::out!("{}", describe(&v));
     if let Some(b) = &base {
         if b.verdict.scenario != v.scenario {
-            println!(
+            plateau_shell::outln!(
                 "note: the baseline ran scenario {}, this run {}: only the metrics both have are compared",
-                b.verdict.scenario, v.scenario
+                b.verdict.scenario,
+                v.scenario
             );
         }
         let now = plateau_reports::figures::of_run(&s, &v);
         let then = plateau_reports::figures::of_run(&b.samples, &b.verdict);
-        println!(
+        plateau_shell::outln!(
             "{:<36} {:>14} {:>14} {:>16} {:>16}",
-            "metric (against the baseline)", "level then", "level now", "slope/it then", "slope/it now"
+            "metric (against the baseline)",
+            "level then",
+            "level now",
+            "slope/it then",
+            "slope/it now"
         );
         for n in now.iter().filter(|n| n.kind == plateau_reports::Kind::Gauge) {
             let Some(t) = then.iter().find(|t| t.name == n.name) else { continue };
             let f = |x: Option<f64>| x.map(|x| plateau_reports::figures::fmt_value(x, &n.unit)).unwrap_or("-".into());
-            println!(
+            plateau_shell::outln!(
                 "{:<36} {:>14} {:>14} {:>16} {:>16}",
                 n.name,
                 f(t.level),
@@ -88,6 +93,6 @@ fn report(run_dir: &Path, baseline: Option<&Path>) -> u8 {
             );
         }
     }
-    println!("report: {}", run_dir.join("report.html").display());
+    plateau_shell::outln!("report: {}", run_dir.join("report.html").display());
     verdict_code(&v)
 }

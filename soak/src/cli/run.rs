@@ -152,9 +152,9 @@ pub fn main(a: Args) -> u8 {
     // (--iterations, --duration) keeps the scenario's own warm-up unless --warmup says otherwise.
     // The samples' header records what the run used.
     if target_url.is_some() && iterations.is_none() && duration.is_none() {
-        s.soak = target_length(&s.soak, topology.as_ref().and_then(|t| t.soak), quiet);
+        s.soak = super::length::target_length(&s.soak, topology.as_ref().and_then(|t| t.soak), quiet);
     }
-    let cap = match decided_cap(&s, iterations, max_iterations, until_decided) {
+    let cap = match super::length::decided_cap(&s, iterations, max_iterations, until_decided) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -221,9 +221,10 @@ fn recorded_sites(dir: &std::path::Path) -> bool {
 /// must keep working), while a directory the user named and that existed stays.
 fn claim_out(out: Option<PathBuf>, name: &str) -> Result<(PathBuf, bool), u8> {
     let out_dir = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("{name}-{}", timestamp())));
+    let out_dir = super::absolute(&out_dir, "--out")?;
     let fresh_dir = !out_dir.exists();
     if let Err(e) = plateau_soak::fsutil::claim_run_dir(&out_dir) {
-        eprintln!("plateau: --out {e}");
+        plateau_shell::errln!("plateau: --out {e}");
         return Err(USAGE);
     }
     Ok((out_dir, fresh_dir))
@@ -233,38 +234,29 @@ fn claim_out(out: Option<PathBuf>, name: &str) -> Result<(PathBuf, bool), u8> {
 /// build cannot profile; bad input is said, and exit 2.
 fn load(scenario: &str, profile: bool) -> Result<Scenario, u8> {
     if profile && !plateau_soak::heapprof::control::compiled_in() {
-        eprintln!("plateau: --profile: this build of plateau has no heap profiling (jemalloc without `profiling`)");
+        plateau_shell::errln!(
+            "plateau: --profile: this build of plateau has no heap profiling (jemalloc without `profiling`)"
+        );
         return Err(USAGE);
     }
     match Scenario::load(scenario) {
         Ok((s, _)) => Ok(s),
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             Err(USAGE)
         }
     }
 }
 
-/// The cap of `--until-decided`: `--max-iterations`, else the scenario's; one below the planned
-/// length is said, and exit 2.
-fn decided_cap(s: &Scenario, iterations: Option<u64>, max: Option<u64>, until_decided: bool) -> Result<u64, u8> {
-    let planned = iterations.unwrap_or(s.soak.iterations);
-    let cap = max.unwrap_or_else(|| s.soak.until_decided_cap(planned));
-    if until_decided && cap < planned {
-        eprintln!("plateau: --max-iterations {cap} is below the run's planned length ({planned} iterations)");
-        return Err(USAGE);
-    }
-    Ok(cap)
-}
-
-/// Ctrl-C sets the returned flag from the signal handler itself: no handler thread, whose first
-/// allocation (its arena, at a moment the scheduler picks) would race the baseline sample.
+/// Ctrl-C and SIGTERM (what `timeout` and a CI system's cancel send) set the returned flag from
+/// the signal handler itself: no handler thread, whose first allocation (its arena, at a moment
+/// the scheduler picks) would race the baseline sample. The run then ends as interrupted: its
+/// server stopped, its verdict incomplete.
 fn interrupt_flag() -> Arc<AtomicBool> {
-    let interrupt = Arc::new(AtomicBool::new(false));
-    if let Err(e) = signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&interrupt)) {
-        eprintln!("plateau: warning: Ctrl-C will end the run without a verdict: {e}");
-    }
-    interrupt
+    plateau_shell::children::stop_on_signals().unwrap_or_else(|e| {
+        plateau_shell::errln!("plateau: warning: {e}: a signal will end the run without a verdict");
+        Arc::new(AtomicBool::new(false))
+    })
 }
 
 /// The deployment of `--topology`, its ports taken now (its URL is the run's target), or None;
@@ -281,7 +273,7 @@ fn load_topology(
     match plateau_soak::external::topology::load(file, &fill) {
         Ok(t) => Ok(Some(t)),
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             Err(USAGE)
         }
     }
@@ -317,7 +309,7 @@ fn record_run(
         .and_then(|_| write(plateau_soak::shrink::SCENARIO_FILE, s.text.as_bytes()))
         .and_then(|_| write(plateau_soak::shrink::COMMAND_FILE, argv.as_bytes()))
     {
-        eprintln!("plateau: --out {}: {e}", out_dir.display());
+        plateau_shell::errln!("plateau: --out {}: {e}", out_dir.display());
         return Err(USAGE);
     }
     Ok(env)
@@ -359,7 +351,7 @@ struct Finish<'a> {
 /// and figures said, the CI files written, and its exit code.
 fn finish(mut r: driver::RunResult, opts: &RunOptions, f: Finish) -> u8 {
     if let Some(w) = plateau_soak::external::short_streams::warning(&r.aborts) {
-        eprintln!("plateau: warning: {w}");
+        plateau_shell::errln!("plateau: warning: {w}");
     }
     let named = match f.target_url {
         _ if f.no_replay => None,
@@ -377,13 +369,13 @@ fn finish(mut r: driver::RunResult, opts: &RunOptions, f: Finish) -> u8 {
         return code;
     }
     if r.aborts.invalid_accepted > 0 {
-        eprintln!(
+        plateau_shell::errln!(
             "plateau: the target answered 2xx to {} invalid requests it should have refused",
             r.aborts.invalid_accepted
         );
     }
-    eprint!("{}", describe(&r.verdict));
-    eprintln!(
+    plateau_shell::err!("{}", describe(&r.verdict));
+    plateau_shell::errln!(
         "plateau: {} iterations in {:.1} s ({} aborted, {} abort targets ended first, {} invalid requests refused); results in {}",
         r.iterations,
         r.wall_secs,
@@ -393,9 +385,9 @@ fn finish(mut r: driver::RunResult, opts: &RunOptions, f: Finish) -> u8 {
         r.out_dir.display()
     );
     if !r.triggers.is_empty() {
-        eprintln!("plateau: triggers fired: {}", plateau_soak::triggers::summary(&r.triggers));
+        plateau_shell::errln!("plateau: triggers fired: {}", plateau_soak::triggers::summary(&r.triggers));
         for t in plateau_soak::triggers::short(&r.triggers) {
-            eprintln!(
+            plateau_shell::errln!(
                 "plateau: warning: the scenario claims {} but it fired {} time{} (fewer than {}): too few to be sure a leak on that path would show",
                 t.trigger,
                 t.fired,
@@ -414,11 +406,13 @@ fn finish(mut r: driver::RunResult, opts: &RunOptions, f: Finish) -> u8 {
         return code;
     }
     if r.verdict.failed() {
-        eprintln!("plateau: reproduce with: {replay}");
+        plateau_shell::errln!("plateau: reproduce with: {replay}");
     } else if r.interrupted {
-        eprintln!("plateau: interrupted: the verdict is incomplete (nothing here is a pass)");
+        plateau_shell::errln!("plateau: interrupted: the verdict is incomplete (nothing here is a pass)");
     } else if r.verdict.inconclusive() {
-        eprintln!("plateau: inconclusive: too little evidence to judge; run longer (nothing here is a pass)");
+        plateau_shell::errln!(
+            "plateau: inconclusive: too little evidence to judge; run longer (nothing here is a pass)"
+        );
     }
     verdict_code(&r.verdict)
 }
@@ -426,28 +420,6 @@ fn finish(mut r: driver::RunResult, opts: &RunOptions, f: Finish) -> u8 {
 /// The arguments that shaped a run, as its replay repeats them: the scenario as given, the seed
 /// it ran with, and every flag [`Args::origin`] keeps (backend, warm-up, tolerance, timer,
 /// injections, P/D processes, the target's settings), then the target and its command.
-/// The soak section as a run against a server reads it: the scenario's target length, unless the
-/// deployment says how long a soak over it runs (real servers, seconds an iteration): that has the
-/// last word over the scenario's; flags still win over both (the caller applies them).
-fn target_length(
-    soak: &plateau_soak::scenario::SoakSection,
-    deployment: Option<plateau_soak::external::topology::Length>,
-    quiet: bool,
-) -> plateau_soak::scenario::SoakSection {
-    let mut s = soak.for_target();
-    if let Some(l) = deployment {
-        if !quiet {
-            eprintln!(
-                "plateau: {} iterations, warm-up {}: the topology's [soak] (the scenario's: {}, warm-up {})",
-                l.iterations, l.warmup_iterations, s.iterations, s.warmup_iterations
-            );
-        }
-        s.iterations = l.iterations;
-        s.warmup_iterations = l.warmup_iterations;
-    }
-    s
-}
-
 fn replay_args(scenario: &str, seed: u64, origin: &plateau_soak::shrink::Origin) -> Vec<String> {
     let mut args = vec![scenario.to_string(), "--seed".into(), seed.to_string()];
     args.extend(origin.flags.iter().cloned());

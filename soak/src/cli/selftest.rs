@@ -32,14 +32,14 @@ pub fn main(a: Args) -> u8 {
         keep.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("plateau-selftest-{}", std::process::id())));
     let probe = root.join(".writable");
     if let Err(e) = std::fs::create_dir_all(&root).and_then(|_| std::fs::write(&probe, b"")) {
-        eprintln!("plateau: --keep {}: {e}", root.display());
+        plateau_shell::errln!("plateau: --keep {}: {e}", root.display());
         return USAGE;
     }
     let _ = std::fs::remove_file(&probe);
     let checks = match plateau_soak::selftest::run(quick, jobs, &exe, &root) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             return HARNESS;
         }
     };
@@ -54,7 +54,7 @@ pub fn main(a: Args) -> u8 {
             PASS
         }
         _ => {
-            eprintln!("plateau: selftest failed; runs kept in {}", root.display());
+            plateau_shell::errln!("plateau: selftest failed; runs kept in {}", root.display());
             LEAK
         }
     }

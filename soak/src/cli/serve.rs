@@ -52,13 +52,13 @@ pub fn main(a: Args) -> u8 {
     let (mut s, _) = match Scenario::load(&scenario) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             return USAGE;
         }
     };
     if let Some(p) = preset {
         if let Err(e) = plateau_engine::ModelConfig::preset(&p) {
-            eprintln!("plateau: --preset: {e}");
+            plateau_shell::errln!("plateau: --preset: {e}");
             return USAGE;
         }
         s.engine.preset = p;
@@ -67,28 +67,32 @@ pub fn main(a: Args) -> u8 {
         (None, None, None) => None,
         (Some(r @ ("prefill" | "decode")), peer, None) => {
             if r == "prefill" && peer.is_some() {
-                eprintln!("plateau: --role prefill takes no --prefill (a decode node names its prefill node)");
+                plateau_shell::errln!(
+                    "plateau: --role prefill takes no --prefill (a decode node names its prefill node)"
+                );
                 return USAGE;
             }
             if r == "decode" && peer.is_none() {
-                eprintln!("plateau: --role decode needs --prefill HOST:PORT (the prefill node it pulls KV from)");
+                plateau_shell::errln!(
+                    "plateau: --role decode needs --prefill HOST:PORT (the prefill node it pulls KV from)"
+                );
                 return USAGE;
             }
             if backend.as_deref().is_some_and(|b| b != "cpu") {
-                eprintln!("plateau: --role {r}: the nodes run on the cpu backend");
+                plateau_shell::errln!("plateau: --role {r}: the nodes run on the cpu backend");
                 return USAGE;
             }
             return super::node::serve_node(r, &format!("{host}:{port}"), &scenario, seed, inject, peer);
         }
         (Some("proxy"), Some(p), Some(d)) => Some((p, d)),
         (Some("proxy"), _, _) => {
-            eprintln!(
+            plateau_shell::errln!(
                 "plateau: --role proxy needs --prefill HOST:PORT and --decode HOST:PORT (the nodes it routes to)"
             );
             return USAGE;
         }
         (_, _, _) => {
-            eprintln!("plateau: --prefill and --decode name the nodes of a P/D deployment: give --role decode (with --prefill) or --role proxy (with both)");
+            plateau_shell::errln!("plateau: --prefill and --decode name the nodes of a P/D deployment: give --role decode (with --prefill) or --role proxy (with both)");
             return USAGE;
         }
     };

@@ -41,9 +41,9 @@ pub struct Args {
 /// The original run's command line, parsed as `plateau run` parses it.
 pub(crate) fn origin(run_dir: &std::path::Path) -> Result<Origin, String> {
     let path = run_dir.join(COMMAND_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        format!("{}: {e} (is {} a run directory from this plateau?)", path.display(), run_dir.display())
-    })?;
+    let bytes = plateau_reports::fsutil::read_input(&path, plateau_reports::fsutil::RUN_FILE_BYTES)
+        .map_err(|e| format!("{e} (is {} a run directory from this plateau?)", run_dir.display()))?;
+    let text = String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 ({e})", path.display()))?;
     let argv: Vec<String> = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     match crate::Cli::try_parse_from(&argv) {
         Ok(crate::Cli { command: crate::Cmd::Run(a) }) => Ok(a.origin()),
@@ -54,10 +54,14 @@ pub(crate) fn origin(run_dir: &std::path::Path) -> Result<Origin, String> {
 
 pub fn main(a: Args) -> u8 {
     let Args { run_dir, jobs, budget, out, quiet, spawn, trust_run_dir } = a;
+    let run_dir = match super::absolute(&run_dir, "RUN_DIR") {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
     let origin = match origin(&run_dir).and_then(|mut o| o.trusted(spawn, trust_run_dir, &run_dir).map(|_| o)) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             return USAGE;
         }
     };
@@ -66,52 +70,136 @@ pub fn main(a: Args) -> u8 {
         Err(code) => return code,
     };
     if origin.target.is_some() && !origin.own_servers() {
-        eprintln!(
+        plateau_shell::errln!(
             "plateau: shrink: warning: every candidate soaks the same server one at a time{}; give --spawn a command that names the target's port for a fresh server each",
             if origin.spawn.is_none() { " (no --spawn): what one candidate leaves, the next one sees" } else { "" }
         );
     }
-    let opts = ShrinkOptions {
-        out_dir: out.unwrap_or_else(|| run_dir.join("shrink")),
-        run_dir,
-        jobs: super::jobs_or_cores(jobs),
-        budget,
-        exe,
-        quiet,
+    let out_dir = out.unwrap_or_else(|| run_dir.join("shrink"));
+    let (out_dir, stop) = match (super::absolute(&out_dir, "--out"), super::stop_flag()) {
+        (Ok(o), Ok(stop)) => (o, stop),
+        (Err(code), _) | (_, Err(code)) => return code,
     };
+    let opts = ShrinkOptions { out_dir, run_dir, jobs: super::jobs_or_cores(jobs), budget, exe, quiet, stop };
     match shrink::shrink(&origin, &opts) {
         Ok(s) => {
-            eprintln!(
+            plateau_shell::errln!(
                 "plateau: shrink: {} candidates in {:.0} s{}; {}",
                 s.records.len(),
                 s.secs,
                 if s.out_of_budget { " (the budget ran out: maybe not minimal)" } else { "" },
                 opts.out_dir.join("story.md").display()
             );
-            print!("{}", s.story.split("\n## Candidates").next().unwrap_or(""));
-            if s.out_of_budget {
+            plateau_shell::out!("{}", s.story.split("\n## Candidates").next().unwrap_or(""));
+            if s.interrupted {
+                plateau_shell::errln!("plateau: shrink: interrupted (SIGTERM or Ctrl-C): minimal.toml still fails, but whether it is minimal is undecided (exit 4)");
+                INCONCLUSIVE
+            } else if s.out_of_budget {
                 // A smaller failing scenario, but not shown to be the smallest: undecided.
-                eprintln!("plateau: shrink: the budget ran out before the search ended: minimal.toml still fails, but whether it is minimal is undecided (exit 4); a larger --budget decides it");
+                plateau_shell::errln!("plateau: shrink: the budget ran out before the search ended: minimal.toml still fails, but whether it is minimal is undecided (exit 4); a larger --budget decides it");
                 INCONCLUSIVE
             } else {
                 PASS
             }
         }
         Err(ShrinkError::Input(e)) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             USAGE
         }
         Err(ShrinkError::FailsOnItsOwn(e)) => {
-            eprintln!("plateau: shrink: {e}");
+            plateau_shell::errln!("plateau: shrink: {e}");
             LEAK
         }
         Err(ShrinkError::Undecided(e)) => {
-            eprintln!("plateau: shrink: {e}");
+            plateau_shell::errln!("plateau: shrink: {e}");
             INCONCLUSIVE
         }
         Err(ShrinkError::Harness(e)) => {
-            eprintln!("plateau: {e}");
+            plateau_shell::errln!("plateau: {e}");
             HARNESS
+        }
+    }
+}
+
+/// The flags of `plateau run` that are data: what a run directory records of them is used as
+/// recorded (the workload, its length and seed, how it is judged, the target's address and
+/// limits, what is recorded). The others are `FLAGS_THAT_RUN`.
+#[cfg(test)]
+const DATA_FLAGS: [&str; 31] = [
+    "--backend",
+    "--seed",
+    "--iterations",
+    "--duration",
+    "--until-decided",
+    "--max-iterations",
+    "--inject",
+    "--plant",
+    "--out",
+    "--sample-interval-ms",
+    "--quiet",
+    "--pd-processes",
+    "--warmup",
+    "--tolerance",
+    "--profile",
+    "--profile-window",
+    "--no-replay",
+    "--sites",
+    "--record-sites",
+    "--stop-on-exact-failure",
+    "--stop-when-decided",
+    "--target",
+    "--concurrency",
+    "--ready-timeout-s",
+    "--settle-timeout-ms",
+    "--request-timeout-s",
+    "--dialect",
+    "--no-python-hook",
+    "--summary-md",
+    "--junit",
+    "--help",
+];
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+    use plateau_soak::shrink::FLAGS_THAT_RUN;
+
+    use super::DATA_FLAGS;
+
+    /// Every flag `plateau run` takes is either data or would run something: a flag added later
+    /// fails here until it is put in one of the two lists.
+    #[test]
+    fn every_flag_of_run_is_data_or_runs() {
+        let cli = crate::Cli::command();
+        let run = cli.find_subcommand("run").expect("run");
+        let mut unlisted = Vec::new();
+        for arg in run.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            let flag = format!("--{long}");
+            let runs = FLAGS_THAT_RUN.contains(&flag.as_str());
+            let data = DATA_FLAGS.contains(&flag.as_str());
+            assert!(!(runs && data), "{flag} is both data and a flag that runs");
+            if !runs && !data {
+                unlisted.push(flag);
+            }
+        }
+        assert!(unlisted.is_empty(), "flags of `run` neither data nor runs: {unlisted:?}");
+    }
+
+    #[test]
+    fn a_recorded_flag_that_runs_is_refused_unless_trusted() {
+        for flag in FLAGS_THAT_RUN.iter().filter(|f| **f != "--spawn") {
+            let mut o = plateau_soak::shrink::Origin {
+                scenario: "n-sampling".into(),
+                injections: Vec::new(),
+                flags: vec!["--warmup".into(), "5".into(), flag.to_string(), "X=1".into()],
+                target: Some("http://127.0.0.1:1".into()),
+                spawn: None,
+            };
+            let dir = std::path::Path::new("RUN");
+            let e = o.clone().trusted(Some("server".into()), false, dir).expect_err(flag);
+            assert!(e.contains(flag) && e.contains("--trust-run-dir"), "{e}");
+            o.trusted(None, true, dir).expect("trusted");
         }
     }
 }

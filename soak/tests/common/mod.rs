@@ -21,3 +21,15 @@ pub fn failing(verdict: &serde_json::Value) -> Vec<&str> {
     let metrics = verdict["metrics"].as_array().map(Vec::as_slice).unwrap_or_default();
     metrics.iter().filter(|m| m["status"] == "fail").filter_map(|m| m["name"].as_str()).collect()
 }
+
+/// A copy of a run directory's files (not its subdirectories), to tamper with.
+#[allow(dead_code)] // not every test file copies runs
+pub fn copy_run(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+}
