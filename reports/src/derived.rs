@@ -13,9 +13,9 @@ pub(crate) fn note_negative(values: &BTreeMap<String, f64>, line: usize, seen: &
 }
 
 /// Gauges plateau computes as the difference of two measures, not measured: `proc.anon_outside_heap`
-/// (RssAnon less jemalloc's resident bytes). plateau before its base-block change wrote them
-/// negative where the two measures were taken a moment apart; such a value is read (with a
-/// warning, `Samples::warnings`) while a negative measured amount stays bad input.
+/// (RssAnon less the allocator's own anonymous memory). Older plateaus wrote it negative (it was
+/// RssAnon less jemalloc's `resident`, which counts pages RssAnon does not); such a value is read
+/// (with a warning, `Samples::warnings`) while a negative measured amount stays bad input.
 pub const DERIVED_GAUGES: [&str; 1] = ["proc.anon_outside_heap"];
 
 /// Whether `name` (with any role prefix) is one of [`DERIVED_GAUGES`].

@@ -342,7 +342,7 @@ impl Samples {
         }
         warnings.extend(negative_derived.into_iter().map(|(name, (first, count))| {
             format!(
-                "values.{name}: negative in {count} samples from line {first} (a difference of two measures, as plateau wrote it before its base-block change): read as written"
+                "values.{name}: negative in {count} samples from line {first} (a gauge derived as a difference of two measures, which older plateaus wrote negative): read as written"
             )
         }));
         Ok(Samples { header, names, rows, truncated_tail, warnings, end: end.map(|e| e.1) })

@@ -156,6 +156,27 @@ fn samples_that_contradict_themselves_are_never_a_complete_pass_and_old_ones_sti
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
 
+/// Samples files earlier plateaus wrote, each made by checking out that commit and running
+/// `plateau run n-sampling --iterations 30` (tests/fixtures/samples-DATE-COMMIT.jsonl): today's
+/// reader reads them all. The oldest holds negative `proc.anon_outside_heap` values (RssAnon less
+/// jemalloc's resident bytes, as plateau measured it then), read with a warning.
+#[test]
+fn samples_every_earlier_plateau_wrote_are_read() {
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures"));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    assert!(files.len() >= 2, "{files:?}");
+    let root = tmp("fixtures");
+    for f in &files {
+        let name = f.file_name().unwrap().to_str().unwrap();
+        let o = plateau(&["analyze", s(f), "--out", s(&root.join(name))]);
+        assert!(matches!(o.status.code(), Some(0 | 1 | 4)), "{name}: {}", text(&o));
+        if name.contains("8ef59b1") {
+            assert!(text(&o).contains("values.proc.anon_outside_heap: negative in"), "{name}: {}", text(&o));
+        }
+    }
+}
+
 #[test]
 fn a_run_directory_s_files_are_read_as_data() {
     let root = tmp("files");

@@ -65,6 +65,10 @@ pub fn main(a: Args) -> u8 {
         None if run_has_verdict => run_dir.join(OVERRIDDEN_DIR),
         None => run_dir.to_path_buf(),
     };
+    let dir = match super::absolute(&dir, "--out") {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
     // A directory of the user's own is never written into: --out (and analyze/) is taken as
     // `run --out` is, new or empty or plateau's own; the samples' own directory by default.
     if given || run_has_verdict {
