@@ -277,15 +277,20 @@ fn a_run_that_does_not_fail_again_from_its_seed_cannot_be_shrunk() {
     let d = tmp("not-again");
     let o = plateau(&["run", "n-sampling", "--iterations", "3", "--quiet", "--out", s(&d)]);
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
-    // Its verdict says it failed on a registry; its seed says otherwise.
-    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("verdict.json")).unwrap()).unwrap();
-    v["verdict"] = "fail".into();
-    for m in v["metrics"].as_array_mut().unwrap() {
-        if m["name"] == "registry.requests" {
-            m["status"] = "fail".into();
-        }
-    }
-    std::fs::write(d.join("verdict.json"), v.to_string()).unwrap();
+    // Its samples say a registry kept requests (a verdict.json edited alone is never believed:
+    // every reader judges the samples again); its seed says otherwise.
+    let text_of = std::fs::read_to_string(d.join("samples.jsonl")).unwrap();
+    let edited: Vec<String> = text_of
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            if v["quiescent"] == true && v["iter"].as_u64().is_some_and(|i| i > 0) {
+                v["values"]["registry.requests"] = 5.0.into();
+            }
+            v.to_string()
+        })
+        .collect();
+    std::fs::write(d.join("samples.jsonl"), edited.join("\n") + "\n").unwrap();
     let o = plateau(&["shrink", s(&d), "--quiet"]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     assert!(text(&o).contains("did not fail the same way again"), "{}", text(&o));
