@@ -27,8 +27,9 @@ pub struct Args {
     /// the candidate): `cargo build --release`, `pip install -e .`.
     #[arg(long, value_name = "CMD")]
     build: Option<String>,
-    /// Where bisect.json, story.md, report.html and each candidate's run go (default:
-    /// runs/bisect-TIME).
+    /// Where bisect.json, story.md, report.html, each candidate's run and the scratch worktrees
+    /// go (default: runs/bisect-TIME, from the current directory, never inside --repo). SIGTERM
+    /// or Ctrl-C stops the soaks, removes the worktrees and writes what was decided (exit 4).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Candidates soaked at once (multi-section bisection), each on its own port.
@@ -41,8 +42,10 @@ pub struct Args {
     /// directory's command.json records (never run unasked). {port} and {worktree} apply.
     #[arg(long, value_name = "CMD")]
     spawn: Option<String>,
-    /// Run the `--spawn` command or `--topology` that the run directory records (only for a run
-    /// directory you made or trust: what it records runs as you).
+    /// Use what the run directory records that would run or shape what runs: its `--spawn`
+    /// command, `--topology`, `--spawn-env`, `--pid` and `--metrics-map` (only for a run
+    /// directory you made or trust: what it records runs as you). Without it, each is refused,
+    /// named; `--spawn` may be given again instead.
     #[arg(long)]
     trust_run_dir: bool,
     /// The soak: `-- run SCENARIO ARGS...`, where {worktree} is the candidate's checkout and

@@ -32,8 +32,10 @@ pub struct Args {
     /// the run directory's command.json records, which is never run unasked.
     #[arg(long, value_name = "CMD")]
     spawn: Option<String>,
-    /// Run the `--spawn` command or `--topology` that the run directory records (only for a run
-    /// directory you made or trust: what it records runs as you).
+    /// Use what the run directory records that would run or shape what runs: its `--spawn`
+    /// command, `--topology`, `--spawn-env`, `--pid` and `--metrics-map` (only for a run
+    /// directory you made or trust: what it records runs as you). Without it, each is refused,
+    /// named; `--spawn` may be given again instead.
     #[arg(long)]
     trust_run_dir: bool,
 }
