@@ -68,6 +68,11 @@ pub fn read_input(path: &Path, max_bytes: u64) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+/// [`read_input`] of a text file: its bytes as UTF-8, or an error naming the path.
+pub fn read_input_text(path: &Path, max_bytes: u64) -> Result<String, String> {
+    String::from_utf8(read_input(path, max_bytes)?).map_err(|e| format!("{}: not UTF-8 ({e})", path.display()))
+}
+
 /// The JSON a run left beside its samples (residues, growth sites, mappings, its verdict), if it
 /// is there and reads: at most [`RUN_FILE_BYTES`]. What cannot be read is left out, as absent.
 pub fn read_run_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {

@@ -7,21 +7,13 @@
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use crate::common;
-use common::plateau;
+use common::{plateau, s, text};
 
 fn tmp(name: &str) -> PathBuf {
     common::tmp("data", name)
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 /// A 60-iteration run of n-sampling into `d`, with the registry leak when `leak`.

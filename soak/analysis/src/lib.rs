@@ -35,10 +35,6 @@ pub fn judge_run(samples: &Path, overrides: &Overrides) -> Result<(Samples, Verd
     Ok((s, v))
 }
 
-/// The files beside a run's samples that its verdict may use: each is hashed in the verdict's
-/// evidence when it was there.
-pub const EVIDENCE_FILES: [&str; 4] = ["growth.json", "residues.json", "mappings.json", plateau_sites::SITES_FILE];
-
 /// A file beside the samples, read once: its SHA-256 goes into `files` (by name) and its JSON is
 /// returned, when it is there and reads.
 fn read_evidence<T: serde::de::DeserializeOwned>(

@@ -6,7 +6,7 @@ use std::path::Path;
 use plateau_detector::Overrides;
 use plateau_reports::{Samples, Verdict};
 
-use crate::{judge_bytes, sha256_hex, EVIDENCE_FILES};
+use crate::{judge_bytes, sha256_hex};
 
 /// A run directory as every command that reads one takes it: its samples, and the verdict of
 /// exactly them. The samples are always judged again (the one judge, with every evidence file
@@ -55,9 +55,9 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, String> {
     let verdict = judge_bytes(&samples, &bytes, &samples_path, &Overrides::default())?;
     let judged_again = match &recorded {
         None => Some("the run wrote no verdict.json".to_string()),
-        Some(v) => stale(v, dir, &samples_sha256)
-            .or_else(|| differs(v, &verdict))
-            .map(|why| format!("{}: {why}", verdict_path.display())),
+        Some(v) => {
+            stale(v, &verdict).or_else(|| differs(v, &verdict)).map(|why| format!("{}: {why}", verdict_path.display()))
+        }
     };
     Ok(LoadedRun { samples, samples_sha256, verdict, judged_again, had_verdict })
 }
@@ -92,37 +92,34 @@ fn differs(recorded: &Verdict, judged: &Verdict) -> Option<String> {
     Some(format!("its `{field}` is not what its samples judge"))
 }
 
-/// Why a recorded verdict is not the verdict of the run directory as it is now, if it is not.
-fn stale(v: &Verdict, dir: &Path, samples_sha256: &str) -> Option<String> {
+/// Why a recorded verdict is not the verdict of the run directory as it is now, if it is not:
+/// its evidence against the evidence of the judgement just made (the samples' and each evidence
+/// file's hash, as that judgement read them, and the detector), so nothing is read twice.
+fn stale(v: &Verdict, judged: &Verdict) -> Option<String> {
     let Some(e) = &v.evidence else {
         return Some("it records no evidence (no hash of the samples it judged: an older plateau wrote it)".into());
     };
-    if e.samples_sha256 != samples_sha256 {
+    let now = judged.evidence.as_ref()?;
+    if e.samples_sha256 != now.samples_sha256 {
         return Some(format!(
             "it judged samples with SHA-256 {}, but samples.jsonl is now {}: the samples changed since",
             short_hash(&e.samples_sha256),
-            short_hash(samples_sha256)
+            short_hash(&now.samples_sha256)
         ));
     }
     if !v.overrides.is_empty() {
         return Some(format!("it was judged with {} (not the run's own settings)", v.overrides.join(" ")));
     }
-    for name in EVIDENCE_FILES {
-        let limit = if name == plateau_sites::SITES_FILE {
-            plateau_sites::record::MAX_FILE_BYTES
-        } else {
-            plateau_reports::fsutil::RUN_FILE_BYTES
-        };
-        let now = plateau_reports::fsutil::read_input(&dir.join(name), limit).ok().map(|b| sha256_hex(&b));
-        if now.as_ref() != e.files.get(name) {
-            let was = e.files.get(name).map_or("absent".to_string(), |h| short_hash(h));
-            let is = now.as_deref().map_or("absent".to_string(), short_hash);
-            return Some(format!("{name} was {was} when it was judged and is {is} now"));
+    let names: std::collections::BTreeSet<&String> = e.files.keys().chain(now.files.keys()).collect();
+    for name in names {
+        let (was, is) = (e.files.get(name), now.files.get(name));
+        if was != is {
+            let hash = |h: Option<&String>| h.map_or("absent".to_string(), |h| short_hash(h));
+            return Some(format!("{name} was {} when it was judged and is {} now", hash(was), hash(is)));
         }
     }
-    let ours = plateau_detector::evidence::version();
-    if e.detector != ours {
-        return Some(format!("it was judged by {}, and this plateau's detector is {ours}", e.detector));
+    if e.detector != now.detector {
+        return Some(format!("it was judged by {}, and this plateau's detector is {}", e.detector, now.detector));
     }
     None
 }

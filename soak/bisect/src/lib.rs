@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use plateau_shell::children::Ended;
+use plateau_shell::children::{Ended, INTERRUPTED};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -219,9 +219,6 @@ pub fn bisect(o: &BisectOptions) -> Result<Report, BisectError> {
     Ok(report)
 }
 
-/// Why a candidate has no verdict when plateau was told to stop while it ran.
-const INTERRUPTED: &str = "interrupted (SIGTERM or Ctrl-C) before its verdict";
-
 fn say(o: &BisectOptions, line: &str) {
     if !o.quiet {
         plateau_shell::errln!("plateau: {line}");
@@ -299,11 +296,7 @@ impl Runner<'_> {
             let mut cmd = Command::new("sh");
             cmd.arg("-c").arg(build).current_dir(&wt.path);
             cmd.stdout(file.try_clone().map_err(|e| e.to_string())?).stderr(file);
-            let status = match plateau_shell::children::run(&mut cmd, false, &self.o.interrupt) {
-                Ok(Ended::Exited { status, .. }) => status,
-                Ok(Ended::Stopped) => return Err(INTERRUPTED.into()),
-                Err(e) => return Err(format!("--build: {e}")),
-            };
+            let status = self.run_child(&mut cmd, "--build")?;
             if !status.success() {
                 return Err(format!("--build failed ({status}); its log: {}", log.display()));
             }
@@ -352,6 +345,16 @@ impl Runner<'_> {
         Ok(())
     }
 
+    /// `cmd` until it exits, or until bisect is told to stop: then an error saying so, never an
+    /// exit status (an interrupted soak read as undecided would be soaked again, longer).
+    fn run_child(&self, cmd: &mut Command, what: &str) -> Result<std::process::ExitStatus, String> {
+        match plateau_shell::children::run(cmd, false, &self.o.interrupt) {
+            Ok(Ended::Exited { status, .. }) => Ok(status),
+            Ok(Ended::Stopped) => Err(INTERRUPTED.into()),
+            Err(e) => Err(format!("{what}: {e}")),
+        }
+    }
+
     /// `plateau run ...` for one worktree into `out`; its exit code.
     fn run_plateau(&self, worktree: &Path, out: &Path, log: &Path, longer: bool) -> Result<i32, String> {
         let port = free_port()?;
@@ -365,12 +368,7 @@ impl Runner<'_> {
         let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         let mut cmd = Command::new(&self.o.plateau);
         cmd.args(&args).stdout(file.try_clone().map_err(|e| e.to_string())?).stderr(file);
-        let status = match plateau_shell::children::run(&mut cmd, false, &self.o.interrupt) {
-            Ok(Ended::Exited { status, .. }) => status,
-            // Never read as an undecided soak (exit 4), which would be soaked again, longer.
-            Ok(Ended::Stopped) => return Err(INTERRUPTED.into()),
-            Err(e) => return Err(format!("{}: {e}", self.o.plateau.display())),
-        };
+        let status = self.run_child(&mut cmd, &self.o.plateau.display().to_string())?;
         status.code().ok_or_else(|| format!("the soak ended by a signal ({status}); its log: {}", log.display()))
     }
 }

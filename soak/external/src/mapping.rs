@@ -96,8 +96,7 @@ impl Mapping {
 
     /// The built-in rules and a mapping file's. Errors name the file and line.
     pub fn with_file(path: &Path) -> Result<Mapping, String> {
-        let bytes = plateau_reports::fsutil::read_input(path, MAX_MAPPING_BYTES)?;
-        let text = String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 ({e})", path.display()))?;
+        let text = plateau_reports::fsutil::read_input_text(path, MAX_MAPPING_BYTES)?;
         Mapping::with_text(&text, &path.display().to_string())
     }
 

@@ -96,8 +96,8 @@ const MAX_TOPOLOGY_BYTES: u64 = 1 << 20;
 /// Reads and checks `path`, filling its placeholders (free ports taken now).
 pub fn load(path: &Path, fill: &Fill) -> Result<Topology, String> {
     let where_ = path.display();
-    let bytes = plateau_reports::fsutil::read_input(path, MAX_TOPOLOGY_BYTES).map_err(|e| format!("--topology {e}"))?;
-    let text = String::from_utf8(bytes).map_err(|e| format!("--topology {where_}: not UTF-8 ({e})"))?;
+    let text =
+        plateau_reports::fsutil::read_input_text(path, MAX_TOPOLOGY_BYTES).map_err(|e| format!("--topology {e}"))?;
     let raw: Raw = toml::from_str(&text).map_err(|e| format!("--topology {where_}: {e}"))?;
     parse(raw, &where_.to_string(), fill, &mut free_port)
 }

@@ -18,13 +18,9 @@ use std::time::Instant;
 use plateau_reports::{Status, Verdict};
 use toml::Table;
 
-use plateau_shell::children::Ended;
+use plateau_shell::children::{Ended, INTERRUPTED};
 
 use super::Origin;
-
-/// A candidate's note when plateau was told to stop before its verdict: it says nothing of its
-/// scenario (an interrupted soak is never an undecided one).
-pub const INTERRUPTED: &str = "interrupted (SIGTERM or Ctrl-C) before its verdict";
 
 /// What failed in the run being shrunk, and so what a candidate must fail on to fail the same way:
 /// the exact layer's failures (registries, idle self-checks) where there are any, since they are

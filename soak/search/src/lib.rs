@@ -211,8 +211,7 @@ pub fn read_scenario(run_dir: &Path, origin: &Origin) -> Result<Table, ShrinkErr
     let present = std::fs::symlink_metadata(&copy).is_ok();
     let text = match present {
         // A run directory is data: its copy is read as any input is (a regular file, capped).
-        true => plateau_reports::fsutil::read_input(&copy, plateau_scenario::MAX_SCENARIO_BYTES)
-            .and_then(|b| String::from_utf8(b).map_err(|e| format!("{}: not UTF-8 ({e})", copy.display())))
+        true => plateau_reports::fsutil::read_input_text(&copy, plateau_scenario::MAX_SCENARIO_BYTES)
             .map_err(ShrinkError::Input)?,
         false => match plateau_scenario::SHIPPED.iter().find(|(n, _)| *n == origin.scenario) {
             Some((_, t)) => t.to_string(),

@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 /// iteration and stops its server (a server's own shutdown is given 10 s by `plateau run`).
 pub const GRACE_MS: u64 = 20_000;
 
+/// Why a child has no outcome when plateau was told to stop while it ran: what bisect, fuzz and
+/// shrink record of it (an interrupted soak says nothing of what it soaked).
+pub const INTERRUPTED: &str = "interrupted (SIGTERM or Ctrl-C) before its verdict";
+
 /// How often a running child is looked at: the delay between a signal and its children's stop.
 const POLL_MS: u64 = 50;
 
@@ -55,17 +59,8 @@ pub fn run(cmd: &mut Command, capture: bool, stop: &AtomicBool) -> std::io::Resu
     }
     let mut child = cmd.process_group(0).spawn()?;
     // Readers drain the pipes while the child runs: a full pipe would block it forever.
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        pipe.map(|mut p| {
-            std::thread::spawn(move || {
-                let mut bytes = Vec::new();
-                let _ = p.read_to_end(&mut bytes);
-                bytes
-            })
-        })
-    };
-    let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let out = child.stdout.take().map(drain);
+    let err = child.stderr.take().map(drain);
     let collect = |h: Option<std::thread::JoinHandle<Vec<u8>>>| h.and_then(|h| h.join().ok()).unwrap_or_default();
     loop {
         if let Some(status) = child.try_wait()? {
@@ -78,6 +73,15 @@ pub fn run(cmd: &mut Command, capture: bool, stop: &AtomicBool) -> std::io::Resu
         }
         std::thread::sleep(Duration::from_millis(POLL_MS));
     }
+}
+
+/// A thread that reads `pipe` to its end.
+fn drain(mut pipe: impl Read + Send + 'static) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
 }
 
 /// SIGINT to the child's group, SIGKILL after [`GRACE_MS`]; waits for the child itself.

@@ -55,9 +55,7 @@ macro_rules! out {
 #[macro_export]
 macro_rules! outln {
     () => { $crate::out!("\n") };
-    ($($arg:tt)*) => {
-        $crate::say::write_clean(::std::io::stdout().lock(), ::std::format_args!("{}\n", ::std::format_args!($($arg)*)))
-    };
+    ($($arg:tt)*) => { $crate::out!("{}\n", ::std::format_args!($($arg)*)) };
 }
 
 /// `eprint!` to stderr (see the module).
@@ -72,9 +70,7 @@ macro_rules! err {
 #[macro_export]
 macro_rules! errln {
     () => { $crate::err!("\n") };
-    ($($arg:tt)*) => {
-        $crate::say::write_clean(::std::io::stderr().lock(), ::std::format_args!("{}\n", ::std::format_args!($($arg)*)))
-    };
+    ($($arg:tt)*) => { $crate::err!("{}\n", ::std::format_args!($($arg)*)) };
 }
 
 #[cfg(test)]

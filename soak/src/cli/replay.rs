@@ -314,8 +314,7 @@ fn run_rate(
 /// role's process (servers.json).
 fn read_kind(dir: &std::path::Path, role: Option<&str>) -> Result<ServerKind, String> {
     let p = dir.join(if role.is_some() { plateau_soak::external::profile::SERVERS_FILE } else { "server.json" });
-    let text = plateau_reports::fsutil::read_input(&p, plateau_reports::fsutil::RUN_FILE_BYTES)
-        .and_then(|b| String::from_utf8(b).map_err(|e| format!("{}: not UTF-8 ({e})", p.display())))
+    let text = plateau_reports::fsutil::read_input_text(&p, plateau_reports::fsutil::RUN_FILE_BYTES)
         .map_err(|e| format!("{e}: what kind of program the server is was not read during the run"))?;
     let Some(role) = role else { return serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display())) };
     let mut kinds: std::collections::BTreeMap<String, ServerKind> =

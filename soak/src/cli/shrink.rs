@@ -43,9 +43,8 @@ pub struct Args {
 /// The original run's command line, parsed as `plateau run` parses it.
 pub(crate) fn origin(run_dir: &std::path::Path) -> Result<Origin, String> {
     let path = run_dir.join(COMMAND_FILE);
-    let bytes = plateau_reports::fsutil::read_input(&path, plateau_reports::fsutil::RUN_FILE_BYTES)
+    let text = plateau_reports::fsutil::read_input_text(&path, plateau_reports::fsutil::RUN_FILE_BYTES)
         .map_err(|e| format!("{e} (is {} a run directory from this plateau?)", run_dir.display()))?;
-    let text = String::from_utf8(bytes).map_err(|e| format!("{}: not UTF-8 ({e})", path.display()))?;
     let argv: Vec<String> = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     match crate::Cli::try_parse_from(&argv) {
         Ok(crate::Cli { command: crate::Cmd::Run(a) }) => Ok(a.origin()),

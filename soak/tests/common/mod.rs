@@ -33,3 +33,15 @@ pub fn copy_run(from: &std::path::Path, to: &std::path::Path) {
         }
     }
 }
+
+/// A command's stdout and stderr as one text, for messages and assertions.
+#[allow(dead_code)] // not every test file reads outputs this way
+pub fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// A path as an argument.
+#[allow(dead_code)] // not every test file passes paths this way
+pub fn s(p: &std::path::Path) -> &str {
+    p.to_str().unwrap()
+}
