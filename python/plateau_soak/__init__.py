@@ -69,6 +69,12 @@ class Verdict:
         return [m["name"] for m in self.verdict.get("metrics", []) if m.get("status") == "fail"]
 
     @property
+    def known(self) -> list:
+        """The known-growth entries the run was judged with, each with its `state` (accepted,
+        exceeded, expired, unmatched) and what it matched."""
+        return list(self.verdict.get("known", []))
+
+    @property
     def undecided(self) -> list:
         """Names of the metrics this run could not decide."""
         return [m["name"] for m in self.verdict.get("metrics", []) if m.get("status") == "inconclusive"]
@@ -80,6 +86,9 @@ class Verdict:
             lines.append("failing: " + ", ".join(self.failing))
         if self.undecided:
             lines.append("undecided: " + ", ".join(self.undecided))
+        for k in self.known:
+            if k.get("state") != "accepted":
+                lines.append(f"known entry {k.get('entry')} ({k.get('site')}): {k.get('state')}")
         for w in self.verdict.get("warnings", []):
             lines.append(f"note: {w}")
         lines.append(f"report: {self.report}")

@@ -33,6 +33,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="keep every soak's run directory under DIR (default: the test's tmp_path)",
     )
+    group.addoption(
+        "--plateau-known",
+        metavar="FILE",
+        default=None,
+        help="judge every soak of a server with this known-growth file (`plateau run --known`)",
+    )
 
 
 class Plateau:
@@ -52,20 +58,27 @@ class Plateau:
             raise UsageError(f"{d}: already exists; plateau writes each run into a new directory")
         return d
 
-    def run(self, scenario: str, *args: str, timeout: "float | None" = None) -> Verdict:
+    def run(self, scenario: str, *args: str, timeout: "float | None" = None, known: "str | Path | None" = None) -> Verdict:
         """Runs a soak with the command line's arguments and returns its verdict, whatever it
-        decided. Bad input raises `plateau_soak.UsageError` (a ValueError), never a verdict."""
+        decided. `known` (else `--plateau-known`) is a known-growth file for a soak of a server:
+        growth reported upstream, accepted only at or under its rate and before its date. Bad
+        input raises `plateau_soak.UsageError` (a ValueError), never a verdict."""
         run_dir = None if "--out" in args else self._next_dir()
+        known = known if known is not None else self._request.config.getoption("--plateau-known")
+        if known is not None and "--known" not in args:
+            args = (*args, "--known", str(known))
         v = run(scenario, *args, run_dir=run_dir, timeout=timeout)
         self.verdicts.append(v)
         self._request.node.user_properties.append(("plateau_report", str(v.report)))
         return v
 
-    def assert_no_growth(self, scenario: str, *args: str, timeout: "float | None" = None) -> Verdict:
+    def assert_no_growth(
+        self, scenario: str, *args: str, timeout: "float | None" = None, known: "str | Path | None" = None
+    ) -> Verdict:
         """The verdict of a soak that passed; `AssertionError` for any other outcome (a leak, an
         undecided run: too short to tell is a failed test, not a pass; an incomplete run), with
         the verdict's story, the failing metrics and the report's path."""
-        v = self.run(scenario, *args, timeout=timeout)
+        v = self.run(scenario, *args, timeout=timeout, known=known)
         if not v.passed:
             raise AssertionError(v.explain())
         return v

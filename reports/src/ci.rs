@@ -220,6 +220,7 @@ mod tests {
             settle_timeouts: 0,
             control: None,
             evidence: None,
+            known: Vec::new(),
             metrics: vec![
                 metric("registry.requests", "per_request", Status::Fail, "20 entries left"),
                 metric("proc.rss", "gauge", Status::Inconclusive, "only 10 points"),

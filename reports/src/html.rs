@@ -407,6 +407,7 @@ mod tests {
             settle_timeouts: 0,
             control: None,
             evidence: None,
+            known: Vec::new(),
             metrics: vec![
                 MetricVerdict { first_iter: Some(30), ..metric("a.flat", "bytes", Status::Fail, 0.0) },
                 metric("m.mid", "bytes", Status::Pass, 0.0),

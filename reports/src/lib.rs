@@ -25,4 +25,4 @@ pub use samples::{
     ROLE_REQUESTS, SAMPLES_SCHEMA, UNITS,
 };
 pub use tolerance::{Per, Tolerance, DEFAULT_WARMUP_ITERATIONS};
-pub use verdict::{Evidence, MetricVerdict, Projection, Site, Status, Trend, Verdict, VERDICT_SCHEMA};
+pub use verdict::{Evidence, KnownEntry, MetricVerdict, Projection, Site, Status, Trend, Verdict, VERDICT_SCHEMA};

@@ -229,7 +229,36 @@ pub struct Verdict {
     /// verdict is judged again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evidence: Option<Evidence>,
+    /// The known-growth entries the run was judged with (`plateau run --known FILE`), each with
+    /// what it matched and what became of it; empty for a run without them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub known: Vec<KnownEntry>,
     pub metrics: Vec<MetricVerdict>,
+}
+
+/// One entry of a known-growth file as a verdict used it: growth reported upstream, accepted at
+/// or under its rate per request until its date, in the processes and sites it names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KnownEntry {
+    /// Its place in the file: 1 for the first `[[known]]`.
+    pub entry: usize,
+    pub process: String,
+    /// The regular expression on site names, as written.
+    pub site: String,
+    /// Bytes per request accepted (as written, and in bytes).
+    pub max_per_request: String,
+    pub max_bytes_per_request: f64,
+    /// Why the growth is known: the upstream issue.
+    pub reason: String,
+    /// The last day the entry holds (`YYYY-MM-DD`).
+    pub until: String,
+    /// `accepted` (every growing site it matched was at or under its rate), `exceeded` (a site
+    /// it matched grew faster), `expired` (it matched growth after its date), `unmatched` (it
+    /// matched no growing site: stale, or fixed), or `not applied` (a run of plateau's own engine).
+    pub state: String,
+    /// The growing sites it matched: `GAUGE: SITE (RATE/request)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub matched: Vec<String>,
 }
 
 /// What a verdict is a function of: the bytes it read and every setting in force. Two verdicts

@@ -28,4 +28,5 @@ pub use plateau_serve as serve;
 pub use plateau_sites as sites;
 
 pub mod environment;
+pub mod repro;
 pub mod selftest;

@@ -63,9 +63,15 @@ pub(crate) enum Cmd {
     Shrink(cli::shrink::Args),
     /// Find the commit that made a soak fail: each candidate between --good and --bad is checked
     /// out in a scratch git worktree, built (--build) and soaked, bisecting to the first that
-    /// fails. Exit 0 with the commit named, 4 when skipped candidates leave a range, 2 on bad
+    /// fails; or the release of a server (--versions, --setup); or, with --find fix, the first
+    /// that passes again. Exit 0 with the commit named, 4 when skipped candidates leave a range, 2 on bad
     /// input (a good end that fails, a bad end that passes), 3 when nothing could be judged.
     Bisect(cli::bisect::Args),
+    /// Write what a server's maintainers can act on without plateau, from a failing run against
+    /// it: repro.py (Python's standard library alone: the run's requests sent again, the
+    /// server's process tree measured, exit 1 when the growth is reproduced) and ISSUE.md (what
+    /// grew per request and per process, the site with its stack, versions, the plot).
+    Repro(cli::repro::Args),
     /// Property-test an engine over a scenario's features: random mixes of its phases and
     /// request features, each a short soak judged by the exact layer (registries and in-flight
     /// gauges back to zero at quiescence); the first failing mix is shrunk as `shrink` does.
@@ -107,6 +113,7 @@ fn dispatch(cli: Cli) -> u8 {
         Cmd::History(a) => cli::history::main(a),
         Cmd::Shrink(a) => cli::shrink::main(a),
         Cmd::Bisect(a) => cli::bisect::main(a),
+        Cmd::Repro(a) => cli::repro::main(a),
         Cmd::Fuzz(a) => cli::fuzz::main(a),
     }
 }

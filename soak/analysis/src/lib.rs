@@ -10,6 +10,7 @@
 plateau_probes::install_harness_allocator!();
 
 pub mod explain;
+pub mod known;
 mod load;
 
 pub use load::{load_run, LoadedRun};
@@ -31,7 +32,7 @@ pub fn judge_run(samples: &Path, overrides: &Overrides) -> Result<(Samples, Verd
     // Read once: the bytes parsed are the bytes hashed.
     let bytes = plateau_reports::fsutil::read_input(samples, plateau_reports::samples::MAX_FILE_BYTES)?;
     let s = Samples::parse(&bytes[..], samples).map_err(|e| e.to_string())?;
-    let v = judge_bytes(&s, &bytes, samples, overrides)?;
+    let v = judge_bytes(&s, &bytes, samples, overrides, None)?;
     Ok((s, v))
 }
 
@@ -73,8 +74,23 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// [`judge_run`] of samples already read from `samples`. The verdict's evidence records the
 /// SHA-256 of the samples file and of every file beside it that was read.
 pub fn judge_read(s: &Samples, samples: &Path, overrides: &Overrides) -> Result<Verdict, String> {
+    judge_read_known(s, samples, overrides, None)
+}
+
+/// [`judge_read`] with a known-growth file of the user's in place of the one the run recorded
+/// (`plateau analyze --known`): the verdict names it among its overrides.
+pub fn judge_read_known(
+    s: &Samples,
+    samples: &Path,
+    overrides: &Overrides,
+    known: Option<&plateau_sites::known::Known>,
+) -> Result<Verdict, String> {
     let samples_bytes = plateau_reports::fsutil::read_input(samples, plateau_reports::samples::MAX_FILE_BYTES)?;
-    judge_bytes(s, &samples_bytes, samples, overrides)
+    let mut v = judge_bytes(s, &samples_bytes, samples, overrides, known)?;
+    if let Some(k) = known {
+        v.overrides.push(format!("--known {}", k.file));
+    }
+    Ok(v)
 }
 
 /// [`judge_read`] with the bytes `s` was parsed from.
@@ -83,6 +99,7 @@ pub(crate) fn judge_bytes(
     samples_bytes: &[u8],
     samples: &Path,
     overrides: &Overrides,
+    known: Option<&plateau_sites::known::Known>,
 ) -> Result<Verdict, String> {
     let mut files = std::collections::BTreeMap::new();
     let growth = read_evidence::<plateau_profile::GrowthRecord>(samples, "growth.json", &mut files);
@@ -102,13 +119,20 @@ pub(crate) fn judge_bytes(
         .collect();
     let sites = read_sites(samples, &mut files)?;
     let evidence = sites.as_ref().map(|log| plateau_sites::SiteEvidence { log });
-    let mut v = plateau_detector::judge_with_sites(
-        s,
-        overrides,
-        &live_heap,
-        evidence.as_ref().map(|e| e as &dyn plateau_detector::GaugeEvidence),
-    )
-    .map_err(|e| format!("{}: {e}", samples.display()))?;
+    let recorded_known = match known {
+        Some(_) => None,
+        None => known::read_record(samples, &mut files)?,
+    };
+    let known = known.or(recorded_known.as_ref()).map(plateau_sites::known::KnownEvidence::new);
+    let layered = known::Layered {
+        sites: evidence.as_ref().map(|e| e as &dyn plateau_detector::GaugeEvidence),
+        known: known.as_ref().map(|e| e as &dyn plateau_detector::GaugeEvidence),
+    };
+    let mut v = plateau_detector::judge_with_sites(s, overrides, &live_heap, Some(&layered))
+        .map_err(|e| format!("{}: {e}", samples.display()))?;
+    if let Some(k) = &known {
+        known::note(&mut v, k);
+    }
     if let Some(residues) = read_evidence::<Vec<Residue>>(samples, "residues.json", &mut files) {
         name_insertion_sites(&residues, &mut v);
     }

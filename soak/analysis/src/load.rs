@@ -52,7 +52,7 @@ pub fn load_run(dir: &Path) -> Result<LoadedRun, String> {
                 })?,
         ),
     };
-    let verdict = judge_bytes(&samples, &bytes, &samples_path, &Overrides::default())?;
+    let verdict = judge_bytes(&samples, &bytes, &samples_path, &Overrides::default(), None)?;
     let judged_again = match &recorded {
         None => Some("the run wrote no verdict.json".to_string()),
         Some(v) => {

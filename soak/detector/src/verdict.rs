@@ -69,6 +69,7 @@ pub(crate) fn analyze(
         settle_timeouts: 0,
         control: None,
         evidence: None,
+        known: Vec::new(),
         metrics,
     }
 }

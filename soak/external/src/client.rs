@@ -136,7 +136,7 @@ impl Client {
 
     /// Sends `r` and does what `action` says; retries as the module says.
     pub async fn send(&self, r: &Request, action: Action) -> Result<Outcome, ClientError> {
-        let (path, body) = self.body(r, matches!(action, Action::ExpectRefusal { as_tokens: true }));
+        let (path, body) = request_body(&self.model, r, matches!(action, Action::ExpectRefusal { as_tokens: true }));
         let url = format!("{}{path}", self.base);
         let mut wait = BACKOFF;
         for attempt in 0..=RETRIES {
@@ -197,53 +197,54 @@ impl Client {
         }
         unreachable!("the last attempt returns")
     }
+}
 
-    /// The endpoint and JSON body of a request.
-    fn body(&self, r: &Request, as_tokens: bool) -> (&'static str, Value) {
-        let p = &r.params;
-        let mut b = Map::new();
-        b.insert("model".into(), json!(self.model));
-        b.insert("n".into(), json!(p.n));
-        b.insert("temperature".into(), json!(p.temperature));
-        b.insert("top_p".into(), json!(p.top_p));
-        b.insert("max_tokens".into(), json!(p.max_tokens));
-        b.insert("stream".into(), json!(true));
-        if let Some(seed) = p.seed {
-            // OpenAI's seed is a signed 64-bit integer in practice (vLLM, llama.cpp).
-            b.insert("seed".into(), json!(seed & (i64::MAX as u64)));
-        }
-        if p.top_k > 0 {
-            b.insert("top_k".into(), json!(p.top_k));
-        }
-        if p.ignore_eos {
-            b.insert("ignore_eos".into(), json!(true));
-        }
-        if !p.stop_token_ids.is_empty() {
-            let stops: Vec<String> = p.stop_token_ids.iter().map(|&t| text_of(&[t])).collect();
-            b.insert("stop".into(), json!(stops));
-        }
-        let body_tokens = r.prompt.strip_prefix(&[BOS]).unwrap_or(&r.prompt);
-        if r.images.is_empty() {
-            // Tokens no text stands for (an invalid request's) go as a token array, as OpenAI allows.
-            let prompt = if as_tokens { json!(r.prompt) } else { json!(text_of(body_tokens)) };
-            b.insert("prompt".into(), prompt);
-            return ("/v1/completions", Value::Object(b));
-        }
-        let mut parts = Vec::new();
-        let mut images = r.images.iter();
-        for (k, text) in body_tokens.split(|&t| t == IMAGE_PAD).enumerate() {
-            if k > 0 {
-                if let Some(img) = images.next() {
-                    parts.push(json!({"type": "image_url", "image_url": {"url": data_url(img)}}));
-                }
-            }
-            if !text.is_empty() {
-                parts.push(json!({"type": "text", "text": text_of(text)}));
-            }
-        }
-        b.insert("messages".into(), json!([{"role": "user", "content": parts}]));
-        ("/v1/chat/completions", Value::Object(b))
+/// The endpoint and JSON body of a request to `model` (what plateau sends, and what a
+/// reproduction without plateau sends again).
+pub fn request_body(model: &str, r: &Request, as_tokens: bool) -> (&'static str, Value) {
+    let p = &r.params;
+    let mut b = Map::new();
+    b.insert("model".into(), json!(model));
+    b.insert("n".into(), json!(p.n));
+    b.insert("temperature".into(), json!(p.temperature));
+    b.insert("top_p".into(), json!(p.top_p));
+    b.insert("max_tokens".into(), json!(p.max_tokens));
+    b.insert("stream".into(), json!(true));
+    if let Some(seed) = p.seed {
+        // OpenAI's seed is a signed 64-bit integer in practice (vLLM, llama.cpp).
+        b.insert("seed".into(), json!(seed & (i64::MAX as u64)));
     }
+    if p.top_k > 0 {
+        b.insert("top_k".into(), json!(p.top_k));
+    }
+    if p.ignore_eos {
+        b.insert("ignore_eos".into(), json!(true));
+    }
+    if !p.stop_token_ids.is_empty() {
+        let stops: Vec<String> = p.stop_token_ids.iter().map(|&t| text_of(&[t])).collect();
+        b.insert("stop".into(), json!(stops));
+    }
+    let body_tokens = r.prompt.strip_prefix(&[BOS]).unwrap_or(&r.prompt);
+    if r.images.is_empty() {
+        // Tokens no text stands for (an invalid request's) go as a token array, as OpenAI allows.
+        let prompt = if as_tokens { json!(r.prompt) } else { json!(text_of(body_tokens)) };
+        b.insert("prompt".into(), prompt);
+        return ("/v1/completions", Value::Object(b));
+    }
+    let mut parts = Vec::new();
+    let mut images = r.images.iter();
+    for (k, text) in body_tokens.split(|&t| t == IMAGE_PAD).enumerate() {
+        if k > 0 {
+            if let Some(img) = images.next() {
+                parts.push(json!({"type": "image_url", "image_url": {"url": data_url(img)}}));
+            }
+        }
+        if !text.is_empty() {
+            parts.push(json!({"type": "text", "text": text_of(text)}));
+        }
+    }
+    b.insert("messages".into(), json!([{"role": "user", "content": parts}]));
+    ("/v1/chat/completions", Value::Object(b))
 }
 
 /// Reads a streamed response: to its end, or until the chunk count the action closes at. What a

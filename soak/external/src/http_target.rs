@@ -204,7 +204,7 @@ impl Http<'_> {
 
 /// A planned action as a client performs it: an abort during decoding closes the stream after
 /// some chunks, one before closes the connection before the first token.
-fn client_action(a: plan::Action) -> Action {
+pub(crate) fn client_action(a: plan::Action) -> Action {
     match a {
         plan::Action::Complete => Action::Complete,
         plan::Action::Abort { stage: Stage::Decode | Stage::Preempted | Stage::Any, delay } => {

@@ -30,6 +30,7 @@ pub mod gpu;
 pub mod mapping;
 pub mod profile;
 pub mod python;
+pub mod requests;
 pub mod target;
 pub mod topology;
 pub mod traceback;
@@ -125,7 +126,7 @@ fn is_page_level(name: &str) -> bool {
 }
 
 /// The sizes phase plans take from the scenario's engine section, standing for the server's.
-fn shape_of(s: &Scenario, seed: u64) -> plateau_driver::target::Shape {
+pub(crate) fn shape_of(s: &Scenario, seed: u64) -> plateau_driver::target::Shape {
     let c = s.engine.to_config(plateau_engine::Injections::default(), seed);
     plateau_driver::target::Shape {
         vocab_size: vocab_size(s),

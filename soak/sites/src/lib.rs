@@ -17,6 +17,7 @@
 mod churn;
 pub mod explain;
 pub mod judge;
+pub mod known;
 pub mod read;
 pub mod record;
 

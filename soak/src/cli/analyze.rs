@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use plateau_reports::Samples;
-use plateau_soak::analysis::{describe, differing, judge_read, write_outputs};
+use plateau_soak::analysis::{describe, differing, judge_read_known, write_outputs};
 use plateau_soak::detector::{Overrides, Tolerance};
 
 use super::{verdict_code, CiArgs, USAGE};
@@ -29,12 +29,16 @@ pub struct Args {
     /// (default: the header's, else 1B/request).
     #[arg(long)]
     tolerance: Option<Tolerance>,
+    /// Judge with this known-growth file (see `plateau run --known`) in place of the one the run
+    /// recorded; its entries' expiry is judged on today's date. The verdict names it.
+    #[arg(long, value_name = "FILE")]
+    known: Option<PathBuf>,
     #[command(flatten)]
     ci: CiArgs,
 }
 
 pub fn main(a: Args) -> u8 {
-    let Args { samples, out, warmup, tolerance, ci } = a;
+    let Args { samples, out, warmup, tolerance, known, ci } = a;
     let s = match Samples::read(&samples) {
         Ok(s) => s,
         Err(e) => {
@@ -49,7 +53,11 @@ pub fn main(a: Args) -> u8 {
             return USAGE;
         }
     };
-    let v = match judge_read(&s, &samples, &overrides) {
+    let known = match known.map(|k| super::known::load(&k, super::known::today())).transpose() {
+        Ok(k) => k.map(|(k, _)| k),
+        Err(code) => return code,
+    };
+    let v = match judge_read_known(&s, &samples, &overrides, known.as_ref()) {
         Ok(v) => v,
         Err(e) => {
             plateau_shell::errln!("plateau: {e}");
@@ -58,7 +66,7 @@ pub fn main(a: Args) -> u8 {
     };
     let run_dir = samples.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let run_has_verdict = run_dir.join("verdict.json").exists();
-    let overridden = overrides != Overrides::default();
+    let overridden = overrides != Overrides::default() || known.is_some();
     let given = out.is_some();
     let dir = match out {
         Some(d) => d,
@@ -92,7 +100,7 @@ pub fn main(a: Args) -> u8 {
     }
     plateau_shell::err!("{}", describe(&v));
     if overridden {
-        plateau_shell::errln!("plateau: judged with {}: written to {}", overrides.flags().join(" "), dir.display());
+        plateau_shell::errln!("plateau: judged with {}: written to {}", v.overrides.join(" "), dir.display());
     } else {
         plateau_shell::errln!("plateau: written to {}", dir.display());
     }

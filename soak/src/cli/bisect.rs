@@ -1,9 +1,10 @@
-//! `plateau bisect`: the first commit whose soak fails, between a good and a bad one (the
-//! library's `bisect` module has the search).
+//! `plateau bisect`: the first commit (or release of a server) whose soak fails, between a good
+//! and a bad one, or with `--find fix` the first that passes again (the library's `bisect`
+//! module has the search).
 
 use std::path::{Path, PathBuf};
 
-use plateau_soak::bisect::{self, BisectError, BisectOptions};
+use plateau_soak::bisect::{self, BisectError, BisectOptions, Find, Subject};
 
 use super::{HARNESS, USAGE};
 
@@ -15,18 +16,35 @@ pub struct Args {
     run_dir: Option<PathBuf>,
     /// The git repository to bisect (its checkout, index and HEAD are never touched: each
     /// candidate is checked out in a scratch worktree).
+    #[arg(long, required_unless_present = "versions", conflicts_with = "versions")]
+    repo: Option<PathBuf>,
+    /// A commit (or, with --versions, a release) whose soak passes (default with --versions:
+    /// the first listed, or the last with --find fix).
     #[arg(long)]
-    repo: PathBuf,
-    /// A commit whose soak passes (checked first).
+    good: Option<String>,
+    /// A commit (or release) whose soak fails: later than --good looking for a regression,
+    /// earlier looking for a fix (default with --versions: the last listed, or the first with
+    /// --find fix).
     #[arg(long)]
-    good: String,
-    /// A later commit whose soak fails (checked first).
-    #[arg(long)]
-    bad: String,
+    bad: Option<String>,
     /// A shell command run in each candidate's worktree before its soak (a failed build skips
     /// the candidate): `cargo build --release`, `pip install -e .`.
-    #[arg(long, value_name = "CMD")]
+    #[arg(long, value_name = "CMD", conflicts_with = "versions")]
     build: Option<String>,
+    /// Bisect the releases of a server instead of commits: V1,V2,... oldest first (the ends are
+    /// the first and the last unless --good and --bad name others). Needs --setup.
+    #[arg(long, value_name = "V1,V2,...", value_delimiter = ',', requires = "setup")]
+    versions: Option<Vec<String>>,
+    /// With --versions: a shell command that prepares release {version} and prints, as its first
+    /// line, the command that serves it (`scripts/external/setup-vllm.sh {version}`); the soak's
+    /// {serve} is that command. Its output goes to each release's setup.log; a failed setup skips
+    /// the release.
+    #[arg(long, value_name = "CMD", requires = "versions")]
+    setup: Option<String>,
+    /// What to find: `regression` (the first that fails after passing, default) or `fix` (the
+    /// first that passes after failing: --bad is then the older end).
+    #[arg(long, value_name = "regression|fix", default_value = "regression", value_parser = parse_find)]
+    find: Find,
     /// Where bisect.json, story.md, report.html, each candidate's run and the scratch worktrees
     /// go (default: runs/bisect-TIME, from the current directory, never inside --repo). SIGTERM
     /// or Ctrl-C stops the soaks, removes the worktrees and writes what was decided (exit 4).
@@ -48,33 +66,70 @@ pub struct Args {
     /// named; `--spawn` may be given again instead.
     #[arg(long)]
     trust_run_dir: bool,
-    /// The soak: `-- run SCENARIO ARGS...`, where {worktree} is the candidate's checkout and
+    /// The soak: `-- run SCENARIO ARGS...`, where {worktree} is the candidate's checkout (or, with
+    /// --versions, {serve} the command that serves the release and {version} the release) and
     /// {port} a free port of its own (for --target and --spawn).
     #[arg(last = true, value_name = "RUN")]
     command: Vec<String>,
 }
 
+fn parse_find(s: &str) -> Result<Find, String> {
+    match s {
+        "regression" => Ok(Find::Regression),
+        "fix" => Ok(Find::Fix),
+        other => Err(format!("{other:?}: one of regression, fix")),
+    }
+}
+
 pub fn main(a: Args) -> u8 {
-    let Args { run_dir, repo, good, bad, build, out, jobs, quiet, spawn, trust_run_dir, command } = a;
+    let Args {
+        run_dir,
+        repo,
+        good,
+        bad,
+        build,
+        versions,
+        setup,
+        find,
+        out,
+        jobs,
+        quiet,
+        spawn,
+        trust_run_dir,
+        command,
+    } = a;
     if run_dir.is_none() && (spawn.is_some() || trust_run_dir) {
         plateau_shell::errln!(
             "plateau: --spawn and --trust-run-dir apply to a run directory's soak; after --, give the soak whole"
         );
         return USAGE;
     }
-    let command = match (run_dir, command.is_empty()) {
-        (Some(_), false) => {
+    let subject = match subject(repo.as_ref(), good, bad, build, versions, setup, find) {
+        Ok(s) => s,
+        Err(e) => {
+            plateau_shell::errln!("plateau: {e}");
+            return USAGE;
+        }
+    };
+    let command = match (run_dir, command.is_empty(), &repo) {
+        (Some(_), false, _) => {
             plateau_shell::errln!("plateau: bisect takes a run directory or a soak after --, not both");
             return USAGE;
         }
-        (None, true) => {
+        (None, true, _) => {
             plateau_shell::errln!(
                 "plateau: bisect needs the soak: `-- run SCENARIO ARGS...` (or a failing run's directory)"
             );
             return USAGE;
         }
-        (None, false) => command,
-        (Some(dir), true) => match command_of(&dir, &repo, spawn, trust_run_dir) {
+        (None, false, _) => command,
+        (Some(_), true, None) => {
+            plateau_shell::errln!(
+                "plateau: with --versions, give the soak after -- (its --spawn serves each release with {{serve}})"
+            );
+            return USAGE;
+        }
+        (Some(dir), true, Some(repo)) => match command_of(&dir, repo, spawn, trust_run_dir) {
             Ok(c) => c,
             Err(e) => {
                 plateau_shell::errln!("plateau: {e}");
@@ -92,14 +147,19 @@ pub fn main(a: Args) -> u8 {
         (Ok(o), Ok(stop)) => (o, stop),
         (Err(code), _) | (_, Err(code)) => return code,
     };
-    let o = BisectOptions { repo, good, bad, build, out, jobs: jobs as usize, command, plateau, interrupt, quiet };
+    let o = BisectOptions { subject, find, out, jobs: jobs as usize, command, plateau, interrupt, quiet };
     match bisect::bisect(&o) {
         Ok(r) => {
-            match &r.first_bad {
-                Some(sha) => plateau_shell::errln!("plateau: first bad commit: {sha}"),
-                None if r.interrupted => plateau_shell::errln!("plateau: interrupted: no first bad commit named"),
+            let what = format!(
+                "first {} {}",
+                if find == Find::Fix { "good" } else { "bad" },
+                if o.subject.is_releases() { "release" } else { "commit" }
+            );
+            match r.first() {
+                Some(id) => plateau_shell::errln!("plateau: {what}: {id}"),
+                None if r.interrupted => plateau_shell::errln!("plateau: interrupted: no {what} named"),
                 None => plateau_shell::errln!(
-                    "plateau: skipped candidates leave a range: the first bad commit is one of {}",
+                    "plateau: skipped candidates leave a range: the {what} is one of {}",
                     r.range.iter().map(|c| bisect::short(c)).collect::<Vec<_>>().join(", ")
                 ),
             }
@@ -120,6 +180,40 @@ pub fn main(a: Args) -> u8 {
             plateau_shell::errln!("plateau: {m}");
             HARNESS
         }
+    }
+}
+
+/// What to walk: commits of --repo, or --versions set up by --setup; the ends ordered old to new
+/// by what is sought.
+fn subject(
+    repo: Option<&PathBuf>,
+    good: Option<String>,
+    bad: Option<String>,
+    build: Option<String>,
+    versions: Option<Vec<String>>,
+    setup: Option<String>,
+    find: Find,
+) -> Result<Subject, String> {
+    let (old, new) = match find {
+        Find::Regression => (("--good", good), ("--bad", bad)),
+        Find::Fix => (("--bad", bad), ("--good", good)),
+    };
+    match (repo, versions, setup) {
+        (Some(repo), None, None) => {
+            let need = |(flag, v): (&'static str, Option<String>)| {
+                v.map(|v| (flag, v)).ok_or_else(|| format!("{flag} is required with --repo"))
+            };
+            Ok(Subject::Commits { repo: repo.clone(), old: need(old)?, new: need(new)?, build })
+        }
+        (None, Some(versions), Some(setup)) => {
+            if !setup.contains("{version}") {
+                return Err(format!(
+                    "--setup {setup:?} never uses {{version}}: every release would be set up the same"
+                ));
+            }
+            Ok(Subject::Releases { versions, first: old.1, last: new.1, setup })
+        }
+        _ => Err("bisect walks the commits of --repo or the releases of --versions (with --setup)".into()),
     }
 }
 

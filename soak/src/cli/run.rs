@@ -103,6 +103,13 @@ pub struct Args {
     /// pass is decided at the planned length only, where its resolution is the run's.
     #[arg(long, conflicts_with = "until_decided")]
     stop_when_decided: bool,
+    /// Growth already reported upstream, accepted only as written: a TOML file of `[[known]]`
+    /// entries (process, site regex, max_per_request, reason, until). A failing gauge whose
+    /// leaking sites each match an entry at or under its rate, before its date, passes naming
+    /// it; a faster or expired one fails. Recorded in the run directory (known.json); for a
+    /// server only (--target, --topology).
+    #[arg(long, value_name = "FILE")]
+    known: Option<PathBuf>,
     #[command(flatten)]
     external: ExternalArgs,
     #[command(flatten)]
@@ -134,6 +141,7 @@ pub fn main(a: Args) -> u8 {
         record_sites,
         stop_on_exact_failure,
         stop_when_decided,
+        known,
         external,
         ci,
     } = a;
@@ -158,11 +166,18 @@ pub fn main(a: Args) -> u8 {
         Ok(c) => c,
         Err(code) => return code,
     };
+    let known = match super::known::for_run(known.as_ref(), target_url.is_some()) {
+        Ok(k) => k,
+        Err(code) => return code,
+    };
     let interrupt = interrupt_flag();
     let (out_dir, fresh_dir) = match claim_out(out, &s.name) {
         Ok(o) => o,
         Err(code) => return code,
     };
+    if let Some(Err(code)) = known.map(|(k, text)| super::known::record(&out_dir, &k, &text)) {
+        return code;
+    }
     // A replay's child writes into its own directory: only the run itself records where it ran.
     let environment = match profile_window.is_none() && !record_sites {
         false => None,

@@ -126,8 +126,9 @@ pub fn main(a: Args) -> u8 {
 /// recorded (the workload, its length and seed, how it is judged, the target's address and
 /// limits, what is recorded). The others are `FLAGS_THAT_RUN`.
 #[cfg(test)]
-const DATA_FLAGS: [&str; 31] = [
+const DATA_FLAGS: [&str; 32] = [
     "--backend",
+    "--known",
     "--seed",
     "--iterations",
     "--duration",

@@ -1,0 +1,222 @@
+//! Known entries weighed against a verdict's failing gauges (see the module's doc).
+//!
+//! 1. A failing gauge whose sites were judged: each leaking site it lists (at least
+//!    [`LEAK_SHARE`] of its rise) is matched with the first entry of its process whose regular
+//!    expression finds the site's name. Every one matched, at or under its entry's rate, before
+//!    its date, and the matched leaks with the fills beside them explaining [`EXPLAINED`] of the
+//!    gauge's rise: the gauge passes, naming the entries. One unmatched, faster, or expired: the
+//!    gauge keeps its failure, and its reason says which.
+//! 2. A failing gauge of process memory no site was listed for (`proc.anon_bytes`, a tree's
+//!    sum): it passes only when its rate per request is no more than the accepted sites of its
+//!    processes account for, at the share the sites must explain ([`EXPLAINED`]).
+
+use std::collections::BTreeMap;
+
+use plateau_detector::series::fmt_value;
+use plateau_reports::{KnownEntry, MetricVerdict, Site, Status};
+
+use super::{Entry, Known};
+use crate::explain::{settle, under, EXPLAINED, LEAK_SHARE};
+
+/// What became of one entry.
+#[derive(Default)]
+struct Use {
+    matched: Vec<String>,
+    exceeded: bool,
+    expired: bool,
+}
+
+/// The entries as the verdict records them, and the attribution lines; gauges amended.
+pub(super) fn apply(k: &Known, metrics: &mut [MetricVerdict]) -> (Vec<KnownEntry>, Vec<String>) {
+    let mut uses: Vec<Use> = k.entries.iter().map(|_| Use::default()).collect();
+    let mut lines = Vec::new();
+    // (process prefix, site) -> its rate per request, for the gauges no site was listed for.
+    let mut accepted: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for m in metrics.iter_mut().filter(|m| failing_bytes(m) && !m.sites.is_empty() && m.explained_share.is_some()) {
+        if let Some(line) = by_sites(k, m, &mut uses, &mut accepted) {
+            lines.push(line);
+        }
+    }
+    for m in metrics.iter_mut().filter(|m| failing_bytes(m) && (m.sites.is_empty() || m.explained_share.is_none())) {
+        if let Some(line) = by_rate(m, &accepted) {
+            lines.push(line);
+        }
+    }
+    let entries: Vec<KnownEntry> = k.entries.iter().zip(uses).map(|(e, u)| record(e, u)).collect();
+    for (e, entry) in entries.iter().zip(&k.entries).filter(|(e, _)| e.state == "unmatched") {
+        let expired = if entry.until < k.on { format!(" (expired: until {})", e.until) } else { String::new() };
+        lines.push(format!(
+            "known: entry {} of {} ({} at {}: {}){expired} matched no growing site in this run: fixed, or stale",
+            e.entry, k.file, e.process, e.site, e.reason
+        ));
+    }
+    (entries, lines)
+}
+
+/// Every entry recorded as not applied (plateau's own engine).
+pub(super) fn not_applied(k: &Known) -> Vec<KnownEntry> {
+    k.entries.iter().map(|e| KnownEntry { state: "not applied".into(), ..record(e, Use::default()) }).collect()
+}
+
+fn failing_bytes(m: &MetricVerdict) -> bool {
+    m.status == Status::Fail && m.kind == "gauge" && m.unit == "bytes"
+}
+
+/// A gauge's process: its name less the layer and the gauge (`target.engine_core` of
+/// `target.engine_core.malloc.in_use_bytes`; `target` of a tree's sum `target.proc.rss`).
+pub(crate) fn process_of(gauge: &str) -> &str {
+    let mut cut = gauge;
+    for _ in 0..2 {
+        cut = cut.rsplit_once('.').map_or("", |(head, _)| head);
+    }
+    cut
+}
+
+/// Whether an entry's `process` names gauge prefix `prefix`: `*`, the prefix whole, or its last
+/// part (the role).
+fn names(entry: &Entry, prefix: &str) -> bool {
+    entry.process == "*" || entry.process == prefix || prefix.rsplit('.').next() == Some(entry.process.as_str())
+}
+
+/// Step 1 for one gauge; the attribution line when entries matched it.
+fn by_sites(
+    k: &Known,
+    m: &mut MetricVerdict,
+    uses: &mut [Use],
+    accepted: &mut BTreeMap<(String, String), f64>,
+) -> Option<String> {
+    let prefix = process_of(&m.name).to_string();
+    let leaking = |s: &Site| s.kind.as_deref() == Some("leak") && s.share.is_none_or(|x| x >= LEAK_SHARE);
+    let mut problems = Vec::new();
+    let mut covered_share = 0.0;
+    let mut covered = Vec::new();
+    for s in m.sites.iter().filter(|s| leaking(s)) {
+        let name = s.place();
+        let Some(i) = k.entries.iter().position(|e| names(e, &prefix) && e.site.is_match(&name)) else {
+            problems.push(format!("{name} is in no known entry"));
+            continue;
+        };
+        let e = &k.entries[i];
+        let rate = s.per_request;
+        uses[i].matched.push(format!("{}: {name} ({})", m.name, rate.map_or("no rate".into(), per_request)));
+        if e.until < k.on {
+            uses[i].expired = true;
+            problems.push(format!("{name}: known entry {} expired: until {} ({})", e.number, e.until, e.reason));
+        } else if rate.is_none_or(|r| r > e.max_per_request) {
+            uses[i].exceeded = true;
+            problems.push(format!(
+                "{name} grows {}, above known entry {}'s {} ({})",
+                rate.map_or("at an unmeasured rate".into(), per_request),
+                e.number,
+                per_request(e.max_per_request),
+                e.reason
+            ));
+        } else {
+            covered_share += s.share.unwrap_or(0.0);
+            covered.push(format!("{name} at {} under entry {} ({})", per_request(rate.unwrap_or(0.0)), e.number, e.reason));
+            let key = (prefix.clone(), name.clone());
+            let r = accepted.entry(key).or_insert(0.0);
+            *r = r.max(rate.unwrap_or(0.0));
+        }
+    }
+    if covered.is_empty() && problems.is_empty() {
+        return None;
+    }
+    if !problems.is_empty() {
+        m.reason.push_str(&format!("; known growth does not cover it: {}", problems.join("; ")));
+        return Some(format!("known: {} still fails: {}", m.name, problems.join("; ")));
+    }
+    let share_of = |kind: &str| -> f64 {
+        m.sites.iter().filter(|s| !leaking(s) && s.kind.as_deref() == Some(kind)).filter_map(|s| s.share).sum()
+    };
+    let (fills, undecided) = (share_of("fill"), share_of("undecided"));
+    let rise = m.reason.split(';').next().unwrap_or_default().to_string();
+    if covered_share + fills >= EXPLAINED {
+        let reason = format!(
+            "known growth, accepted: {} ({:.0}% of its rise; fills {:.0}%); it failed as: {rise}",
+            covered.join("; "),
+            100.0 * covered_share,
+            100.0 * fills
+        );
+        settle(m, Status::Pass, None, reason);
+        Some(format!("known: {} passes as known growth: {}", m.name, covered.join("; ")))
+    } else if covered_share + fills + undecided >= EXPLAINED {
+        let reason = format!(
+            "known growth, {:.0}% of its rise ({}), the rest in sites not decided yet ({:.0}%): undecided",
+            100.0 * covered_share,
+            covered.join("; "),
+            100.0 * undecided
+        );
+        settle(m, Status::Inconclusive, None, reason);
+        Some(format!("known: {} is known growth beside undecided sites", m.name))
+    } else {
+        let why = format!(
+            "known entries cover {:.0}% of its rise and fills {:.0}%: the rest (at least {:.0}%) is growth no entry explains",
+            100.0 * covered_share,
+            100.0 * fills,
+            100.0 * (1.0 - EXPLAINED)
+        );
+        m.reason.push_str(&format!("; {why}"));
+        Some(format!("known: {} still fails: {why}", m.name))
+    }
+}
+
+/// Step 2 for one gauge no site was listed for.
+fn by_rate(m: &mut MetricVerdict, accepted: &BTreeMap<(String, String), f64>) -> Option<String> {
+    let prefix = process_of(&m.name);
+    let rate = m.projected.as_ref().and_then(|p| p.per_request)?;
+    let own: f64 = accepted
+        .iter()
+        .filter(|((p, _), _)| under(&format!("{prefix}."), &format!("{p}.")))
+        .map(|(_, r)| r)
+        .sum();
+    if own <= 0.0 {
+        return None;
+    }
+    if rate <= own / EXPLAINED {
+        let reason = format!(
+            "known growth, accepted: it rises {}, no more than the known sites of its processes account for ({}, at least {:.0}% of it); it failed as: {}",
+            per_request(rate),
+            per_request(own),
+            100.0 * EXPLAINED,
+            m.reason.split(';').next().unwrap_or_default()
+        );
+        settle(m, Status::Pass, None, reason);
+        Some(format!("known: {} passes: its {} is the known sites' {}", m.name, per_request(rate), per_request(own)))
+    } else {
+        let why = format!(
+            "known sites of its processes account for {} of its {}: the rest is growth no entry explains",
+            per_request(own),
+            per_request(rate)
+        );
+        m.reason.push_str(&format!("; {why}"));
+        Some(format!("known: {} still fails: {why}", m.name))
+    }
+}
+
+fn per_request(b: f64) -> String {
+    format!("{}/request", fmt_value(b, "bytes"))
+}
+
+fn record(e: &Entry, u: Use) -> KnownEntry {
+    let state = if u.expired {
+        "expired"
+    } else if u.exceeded {
+        "exceeded"
+    } else if u.matched.is_empty() {
+        "unmatched"
+    } else {
+        "accepted"
+    };
+    KnownEntry {
+        entry: e.number,
+        process: e.process.clone(),
+        site: e.site_text.clone(),
+        max_per_request: e.max_text.clone(),
+        max_bytes_per_request: e.max_per_request,
+        reason: e.reason.clone(),
+        until: e.until.to_string(),
+        state: state.into(),
+        matched: u.matched,
+    }
+}
