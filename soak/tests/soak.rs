@@ -23,6 +23,7 @@ mod rl_http;
 mod seeds;
 mod shrink;
 mod topology;
+mod upstream;
 #[path = "where.rs"]
 mod where_;
 mod workflows;

@@ -188,7 +188,7 @@ fn explain_needs_a_run_directory() {
 
 /// A small OpenAI-compatible server in Python's standard library that keeps 4 KiB of every
 /// request in `remember_prompt`: a leak whose function a verdict names through memray.
-const PYTHON_SERVER: &str = concat!(
+pub(crate) const PYTHON_SERVER: &str = concat!(
     include_str!("common/stub_server.py"),
     r#"
 SEEN = []

@@ -18,8 +18,8 @@ pub(crate) fn read_record(samples: &Path, files: &mut BTreeMap<String, String>) 
     }
     let bytes = plateau_reports::fsutil::read_input(&path, MAX_FILE_BYTES)?;
     files.insert(RECORD_FILE.to_string(), crate::sha256_hex(&bytes));
-    let record: Record = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{}: line {}: {e}", path.display(), e.line()))?;
+    let record: Record =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: line {}: {e}", path.display(), e.line()))?;
     record.known(&path.display().to_string()).map(Some)
 }
 

@@ -21,7 +21,8 @@ pub fn iteration(s: &Scenario, workload: &mut Workload, iter: u64, shape: platea
     for (index, phase) in s.phases.iter().enumerate() {
         for send in plan::phase(workload, index, phase, iter, shape) {
             let action = crate::http_target::client_action(send.action);
-            let (path, body) = request_body(MODEL, &send.request, matches!(action, Action::ExpectRefusal { as_tokens: true }));
+            let (path, body) =
+                request_body(MODEL, &send.request, matches!(action, Action::ExpectRefusal { as_tokens: true }));
             let mut r = json!({ "path": path, "body": body });
             match action {
                 Action::Complete => r["action"] = "complete".into(),

@@ -149,29 +149,7 @@ pub fn main(a: Args) -> u8 {
     };
     let o = BisectOptions { subject, find, out, jobs: jobs as usize, command, plateau, interrupt, quiet };
     match bisect::bisect(&o) {
-        Ok(r) => {
-            let what = format!(
-                "first {} {}",
-                if find == Find::Fix { "good" } else { "bad" },
-                if o.subject.is_releases() { "release" } else { "commit" }
-            );
-            match r.first() {
-                Some(id) => plateau_shell::errln!("plateau: {what}: {id}"),
-                None if r.interrupted => plateau_shell::errln!("plateau: interrupted: no {what} named"),
-                None => plateau_shell::errln!(
-                    "plateau: skipped candidates leave a range: the {what} is one of {}",
-                    r.range.iter().map(|c| bisect::short(c)).collect::<Vec<_>>().join(", ")
-                ),
-            }
-            let soaked = r.candidates.iter().filter(|c| c.skipped.is_none()).count();
-            let skipped = r.candidates.len() - soaked;
-            plateau_shell::errln!(
-                "plateau: {soaked} soaked, {skipped} skipped, in {:.0} s; bisect.json, story.md and report.html in {}",
-                r.wall_s,
-                o.out.display()
-            );
-            r.exit_code
-        }
+        Ok(r) => said(&o, &r),
         Err(BisectError::Input(m)) => {
             plateau_shell::errln!("plateau: {m}");
             USAGE
@@ -181,6 +159,31 @@ pub fn main(a: Args) -> u8 {
             HARNESS
         }
     }
+}
+
+/// A bisect's answer as people read it at the end; its exit code.
+fn said(o: &BisectOptions, r: &bisect::Report) -> u8 {
+    let what = format!(
+        "first {} {}",
+        if o.find == Find::Fix { "good" } else { "bad" },
+        if o.subject.is_releases() { "release" } else { "commit" }
+    );
+    match r.first() {
+        Some(id) => plateau_shell::errln!("plateau: {what}: {id}"),
+        None if r.interrupted => plateau_shell::errln!("plateau: interrupted: no {what} named"),
+        None => plateau_shell::errln!(
+            "plateau: skipped candidates leave a range: the {what} is one of {}",
+            r.range.iter().map(|c| bisect::short(c)).collect::<Vec<_>>().join(", ")
+        ),
+    }
+    let soaked = r.candidates.iter().filter(|c| c.skipped.is_none()).count();
+    let skipped = r.candidates.len() - soaked;
+    plateau_shell::errln!(
+        "plateau: {soaked} soaked, {skipped} skipped, in {:.0} s; bisect.json, story.md and report.html in {}",
+        r.wall_s,
+        o.out.display()
+    );
+    r.exit_code
 }
 
 /// What to walk: commits of --repo, or --versions set up by --setup; the ends ordered old to new

@@ -162,12 +162,10 @@ pub fn main(a: Args) -> u8 {
     if target_url.is_some() && iterations.is_none() && duration.is_none() {
         s.soak = super::length::target_length(&s.soak, topology.as_ref().and_then(|t| t.soak), quiet);
     }
-    let cap = match super::length::decided_cap(&s, iterations, max_iterations, until_decided) {
+    let checked = super::length::decided_cap(&s, iterations, max_iterations, until_decided)
+        .and_then(|cap| Ok((cap, super::known::for_run(known.as_ref(), target_url.is_some())?)));
+    let (cap, known) = match checked {
         Ok(c) => c,
-        Err(code) => return code,
-    };
-    let known = match super::known::for_run(known.as_ref(), target_url.is_some()) {
-        Ok(k) => k,
         Err(code) => return code,
     };
     let interrupt = interrupt_flag();
@@ -175,21 +173,15 @@ pub fn main(a: Args) -> u8 {
         Ok(o) => o,
         Err(code) => return code,
     };
-    if let Some(Err(code)) = known.map(|(k, text)| super::known::record(&out_dir, &k, &text)) {
-        return code;
-    }
     // A replay's child writes into its own directory: only the run itself records where it ran.
-    let environment = match profile_window.is_none() && !record_sites {
-        false => None,
-        true => {
-            let backend =
-                if target_url.is_some() { "external" } else { backend.as_deref().unwrap_or(&s.engine.backend) };
-            let seed = seed.unwrap_or(s.soak.seed);
-            match record_run(&s, &scenario, seed, backend, target_url.as_deref(), &origin, &out_dir) {
-                Ok(env) => Some(env),
-                Err(code) => return code,
-            }
-        }
+    let kind = if target_url.is_some() { "external" } else { backend.as_deref().unwrap_or(&s.engine.backend) };
+    let id = (seed.unwrap_or(s.soak.seed), kind, target_url.as_deref());
+    let recorded = (profile_window.is_none() && !record_sites)
+        .then(|| record_run(&s, &scenario, id, &origin, &out_dir, known))
+        .transpose();
+    let environment = match recorded {
+        Ok(env) => env,
+        Err(code) => return code,
     };
     let opts = RunOptions {
         iterations,
@@ -300,12 +292,14 @@ fn load_topology(
 fn record_run(
     s: &Scenario,
     scenario: &str,
-    seed: u64,
-    backend: &str,
-    target: Option<&str>,
+    (seed, backend, target): (u64, &str, Option<&str>),
     origin: &plateau_soak::shrink::Origin,
     out_dir: &std::path::Path,
+    known: Option<(plateau_soak::sites::known::Known, String)>,
 ) -> Result<plateau_reports::Environment, u8> {
+    if let Some((k, text)) = &known {
+        super::known::record(out_dir, k, text)?;
+    }
     let id = plateau_soak::environment::RunIdentity {
         version: env!("CARGO_PKG_VERSION"),
         commit: env!("PLATEAU_COMMIT"),

@@ -53,11 +53,8 @@ fn process(gauge: &str) -> String {
 pub fn markdown(f: &Facts) -> String {
     let v = f.verdict;
     let server = f.env.replay_args.iter().position(|a| a == "--spawn").and_then(|i| f.env.replay_args.get(i + 1));
-    let mut s = format!(
-        "# Memory grows {}/request in {} and does not level off\n\n",
-        bytes(f.rate),
-        process(&f.gauge.name)
-    );
+    let mut s =
+        format!("# Memory grows {}/request in {} and does not level off\n\n", bytes(f.rate), process(&f.gauge.name));
     s.push_str(&format!(
         "A soak of the server with plateau {} ({} iterations of the `{}` scenario{}, seed {}) found memory that grows with the work and never levels off. Its verdict: {}\n\n",
         f.env.version,
@@ -129,10 +126,16 @@ fn versions(s: &mut String, f: &Facts, server: Option<&String>) {
         s.push('\n');
         let named = |n: &str| {
             let n = n.to_lowercase().replace('_', "-");
-            let in_sites = f.verdict.metrics.iter().flat_map(|m| &m.sites).any(|x| {
-                x.file.split('/').next().is_some_and(|top| top.to_lowercase().replace('_', "-") == n)
+            let in_sites = f
+                .verdict
+                .metrics
+                .iter()
+                .flat_map(|m| &m.sites)
+                .any(|x| x.file.split('/').next().is_some_and(|top| top.to_lowercase().replace('_', "-") == n));
+            let in_cmd = server.is_some_and(|c| {
+                c.split(|ch: char| !ch.is_alphanumeric() && ch != '-' && ch != '_')
+                    .any(|w| w.to_lowercase().replace('_', "-") == n)
             });
-            let in_cmd = server.is_some_and(|c| c.split(|ch: char| !ch.is_alphanumeric() && ch != '-' && ch != '_').any(|w| w.to_lowercase().replace('_', "-") == n));
             in_sites || in_cmd || WELL_KNOWN.contains(&n.as_str())
         };
         let short: Vec<String> = p.list.iter().filter(|(n, _)| named(n)).map(|(n, v)| format!("{n} {v}")).collect();

@@ -163,7 +163,9 @@ fn write_requests(
     })
     .map_err(werr)?;
     if count > MAX_REQUESTS {
-        return Err(ReproError::Input(format!("the run sent {count} requests, more than {MAX_REQUESTS}: shrink it first")));
+        return Err(ReproError::Input(format!(
+            "the run sent {count} requests, more than {MAX_REQUESTS}: shrink it first"
+        )));
     }
     meta["requests"] = count.into();
     let tmp = path.with_extension("partial");

@@ -11,14 +11,16 @@ const PRIVATE: [&str; 5] = ["/tmp/", "/var/tmp/", "/home/", "/root/", "/run/user
 pub fn paths(text: &str) -> String {
     static PATH: OnceLock<regex::Regex> = OnceLock::new();
     let re = PATH.get_or_init(|| {
-        regex::Regex::new(r#"(^|[\s"'=(\[`])(/[A-Za-z0-9._+\-@~%/]+)"#).unwrap_or_else(|e| panic!("the path pattern: {e}"))
+        regex::Regex::new(r#"(^|[\s"'=(\[`])(/[A-Za-z0-9._+\-@~%/]+)"#)
+            .unwrap_or_else(|e| panic!("the path pattern: {e}"))
     });
     let home = std::env::var("HOME").ok().filter(|h| h.len() > 1).map(|h| format!("{}/", h.trim_end_matches('/')));
     let tmp = std::env::var("TMPDIR").ok().filter(|t| t.len() > 1).map(|t| format!("{}/", t.trim_end_matches('/')));
     re.replace_all(text, |c: &regex::Captures| {
         let (lead, path) = (&c[1], &c[2]);
         let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-        let private = PRIVATE.iter().map(|p| p.to_string()).chain(home.clone()).chain(tmp.clone()).any(|p| path.starts_with(&p));
+        let private =
+            PRIVATE.iter().map(|p| p.to_string()).chain(home.clone()).chain(tmp.clone()).any(|p| path.starts_with(&p));
         let cut = match (private, parts.len()) {
             (true, n) if n >= 1 => format!("…/{}", parts[n - 1]),
             (false, n) if n >= 3 => format!("…/{}/{}", parts[n - 2], parts[n - 1]),

@@ -113,7 +113,12 @@ fn by_sites(
             ));
         } else {
             covered_share += s.share.unwrap_or(0.0);
-            covered.push(format!("{name} at {} under entry {} ({})", per_request(rate.unwrap_or(0.0)), e.number, e.reason));
+            covered.push(format!(
+                "{name} at {} under entry {} ({})",
+                per_request(rate.unwrap_or(0.0)),
+                e.number,
+                e.reason
+            ));
             let key = (prefix.clone(), name.clone());
             let r = accepted.entry(key).or_insert(0.0);
             *r = r.max(rate.unwrap_or(0.0));
@@ -165,11 +170,8 @@ fn by_sites(
 fn by_rate(m: &mut MetricVerdict, accepted: &BTreeMap<(String, String), f64>) -> Option<String> {
     let prefix = process_of(&m.name);
     let rate = m.projected.as_ref().and_then(|p| p.per_request)?;
-    let own: f64 = accepted
-        .iter()
-        .filter(|((p, _), _)| under(&format!("{prefix}."), &format!("{p}.")))
-        .map(|(_, r)| r)
-        .sum();
+    let own: f64 =
+        accepted.iter().filter(|((p, _), _)| under(&format!("{prefix}."), &format!("{p}."))).map(|(_, r)| r).sum();
     if own <= 0.0 {
         return None;
     }

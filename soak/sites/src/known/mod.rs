@@ -135,7 +135,9 @@ impl GaugeEvidence for KnownEvidence<'_> {
     ) -> Vec<String> {
         let own = own_engine(s);
         let (entries, lines) = match &own {
-            Some(why) => (apply::not_applied(self.known), vec![format!("known: {} not applied: {why}", self.known.file)]),
+            Some(why) => {
+                (apply::not_applied(self.known), vec![format!("known: {} not applied: {why}", self.known.file)])
+            }
             None => apply::apply(self.known, metrics),
         };
         *self.used.borrow_mut() = entries;

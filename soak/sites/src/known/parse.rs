@@ -89,7 +89,10 @@ fn entry(t: &toml::Table, number: usize) -> Result<Entry, Vec<String>> {
     };
     let until = match t.get("until") {
         None => {
-            errors.push("`until` is required: the date the entry expires (`2027-03-31`): known growth is looked at again".into());
+            errors.push(
+                "`until` is required: the date the entry expires (`2027-03-31`): known growth is looked at again"
+                    .into(),
+            );
             None
         }
         Some(v) => date(v).map_err(|e| errors.push(format!("`until`: {e}"))).ok(),
@@ -116,7 +119,9 @@ fn rate(v: &toml::Value) -> Result<(String, f64), String> {
     let per = if text.contains('/') { text.clone() } else { format!("{text}/request") };
     let t: Tolerance = per.parse()?;
     if t.per != Per::Request {
-        return Err(format!("`{text}`: known growth is accepted per request (a rate per iteration depends on the scenario)"));
+        return Err(format!(
+            "`{text}`: known growth is accepted per request (a rate per iteration depends on the scenario)"
+        ));
     }
     Ok((text, t.bytes))
 }

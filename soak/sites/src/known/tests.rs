@@ -132,7 +132,10 @@ fn an_entry_matches_its_process_by_role_and_one_that_matched_nothing_is_said() {
     let (entries, lines) = apply::apply(&k, &mut m);
     assert_eq!(m[0].status, Status::Pass);
     assert_eq!(states(&entries), ["accepted", "unmatched"]);
-    assert!(lines.iter().any(|l| l.contains("entry 2 of k.toml") && l.contains("matched no growing site")), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l.contains("entry 2 of k.toml") && l.contains("matched no growing site")),
+        "{lines:?}"
+    );
     assert_eq!(apply::process_of("target.engine_core.malloc.in_use_bytes"), "target.engine_core");
     assert_eq!(apply::process_of("target.proc.rss"), "target");
 }
@@ -140,15 +143,28 @@ fn an_entry_matches_its_process_by_role_and_one_that_matched_nothing_is_said() {
 #[test]
 fn a_bad_file_names_the_file_the_entry_and_each_field() {
     let e = parse("[[known]]\nsite = \"(unclosed\"\n", "k-bad.toml", ON).unwrap_err();
-    for want in ["k-bad.toml: entry 1: `site`", "`reason` is required", "`until` is required", "`process` is required"] {
+    for want in ["k-bad.toml: entry 1: `site`", "`reason` is required", "`until` is required", "`process` is required"]
+    {
         assert!(e.contains(want), "{want:?} not in {e}");
     }
     let cases = [
-        ("[[known]]\nprocess='*'\nsite='a'\nmax_per_request='1KiB/iteration'\nreason='r'\nuntil='2999-01-01'\n", "per request"),
-        ("[[known]]\nprocess='*'\nsite='a'\nmax_per_request='1KiB'\nreason='r'\nuntil='2999-01-01T00:00:00Z'\n", "without a time"),
+        (
+            "[[known]]\nprocess='*'\nsite='a'\nmax_per_request='1KiB/iteration'\nreason='r'\nuntil='2999-01-01'\n",
+            "per request",
+        ),
+        (
+            "[[known]]\nprocess='*'\nsite='a'\nmax_per_request='1KiB'\nreason='r'\nuntil='2999-01-01T00:00:00Z'\n",
+            "without a time",
+        ),
         ("[[known]]\nprocess='*'\nsite='a'\nmax_per_request='1KiB'\nreason='r'\nuntil='soon'\n", "not a date"),
-        ("[[known]]\nprocess='*'\nsite='a'\nmax_per_request='1KiB'\nreason='r'\nuntil='2999-01-01'\nowner='me'\n", "`owner`"),
-        ("[[known]]\nprocess='*'\nsite='a'\nmax_per_request='1KiB'\nreason='  '\nuntil='2999-01-01'\n", "`reason` is required"),
+        (
+            "[[known]]\nprocess='*'\nsite='a'\nmax_per_request='1KiB'\nreason='r'\nuntil='2999-01-01'\nowner='me'\n",
+            "`owner`",
+        ),
+        (
+            "[[known]]\nprocess='*'\nsite='a'\nmax_per_request='1KiB'\nreason='  '\nuntil='2999-01-01'\n",
+            "`reason` is required",
+        ),
         ("tolerance = '1B/request'\n", "`tolerance`: not a known-growth setting"),
         ("", "no `[[known]]` entry"),
         ("[[known]\n", "k.toml: "),
