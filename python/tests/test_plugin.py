@@ -52,6 +52,24 @@ def test_a_server_plateau_spawns_is_soaked_the_same_way(plateau):
     assert any(m["name"].startswith("target.") for m in v.verdict["metrics"])
 
 
+def test_a_known_growth_file_is_passed_on_and_its_entries_are_in_the_verdict(plateau, tmp_path):
+    port = free_port()
+    binary = plateau_soak.find_plateau()
+    known = tmp_path / "known.toml"
+    known.write_text(
+        '[[known]]\nprocess = "*"\nsite = "nothing_here"\nmax_per_request = "1KiB"\n'
+        'reason = "upstream issue 1"\nuntil = "2999-01-01"\n'
+    )
+    v = plateau.assert_no_growth(
+        "n-sampling", "--iterations", "30", "--warmup", "10",
+        "--target", f"http://127.0.0.1:{port}", "--spawn", f"{binary} serve --port {port}", known=known,
+    )
+    assert [k["state"] for k in v.known] == ["unmatched"] and "known growth" in v.story
+    known.write_text('[[known]]\nsite = "(unclosed"\n')
+    with pytest.raises(plateau_soak.UsageError, match="known.toml: entry 1"):
+        plateau.run("n-sampling", "--iterations", "5", "--target", f"http://127.0.0.1:{port}", known=known)
+
+
 def test_bad_input_is_a_usage_error_naming_it(plateau):
     with pytest.raises(plateau_soak.UsageError, match="no-such-scenario"):
         plateau.run("no-such-scenario")

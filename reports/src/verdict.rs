@@ -305,6 +305,13 @@ impl Verdict {
         self.verdict == Status::Fail
     }
 
+    /// Whether a known-growth entry accepted growth at allocation site `site` (known growth is
+    /// not what a failure names first).
+    pub fn known_accepts(&self, site: &str) -> bool {
+        let said = format!(": {site} (");
+        self.known.iter().filter(|k| k.state == "accepted").any(|k| k.matched.iter().any(|x| x.contains(&said)))
+    }
+
     pub fn inconclusive(&self) -> bool {
         self.verdict == Status::Inconclusive
     }

@@ -154,7 +154,7 @@ fn releases(dir: &Path) -> PathBuf {
 
 fn bisect_releases(d: &Path, setup: &Path, extra: &[&str]) -> Output {
     let setup = format!("sh {} {{version}}", setup.display());
-    let mut args = vec!["bisect", "--quiet", "--versions", "1,2,3,4,5", "--setup", &setup, "--out"];
+    let mut args = vec!["bisect", "--quiet", "--versions", "1.0,1.1,3,4,5", "--setup", &setup, "--out"];
     let out = d.join("out");
     args.push(s(&out));
     args.extend_from_slice(extra);
@@ -177,6 +177,11 @@ fn bisect_names_the_release_that_began_a_leak_and_the_one_that_fixed_it() {
     assert!(bad["failing"].as_array().is_some_and(|f| !f.is_empty()), "{bad}");
     let log = std::fs::read_to_string(d.join("regression/out/runs/3.logs/setup.log")).unwrap();
     assert!(log.contains("setting up 3"), "{log}");
+    // A release's dots are no extension: 1.0's and 1.1's logs are their own.
+    for v in ["1.0", "1.1"] {
+        let log = std::fs::read_to_string(d.join(format!("regression/out/runs/{v}.logs/setup.log"))).unwrap();
+        assert!(log.contains(&format!("setting up {v}")), "{log}");
+    }
     // Releases 3 to 5 fail, so looking for a fix from 3 to 5 finds none: the ends are refused.
     let o = bisect_releases(&d.join("no-fix"), &setup, &["--find", "fix", "--bad", "3"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

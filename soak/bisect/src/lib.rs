@@ -26,6 +26,7 @@
 plateau_probes::install_harness_allocator!();
 
 pub mod git;
+pub mod index;
 pub mod search;
 mod story;
 pub mod subject;
@@ -349,13 +350,13 @@ impl Runner<'_> {
     }
 
     fn prepare_and_soak(&self, id: &str, run_dir: &Path, r: &mut Soaked) -> Result<(), String> {
-        let logs = run_dir.with_extension("logs");
+        let logs = beside(run_dir, "logs");
         std::fs::create_dir_all(&logs).map_err(|e| format!("{}: {e}", logs.display()))?;
         let ready = self.o.subject.prepare(self.plan, id, self.scratch, &logs, &self.git_lock, &self.o.interrupt)?;
         let mut code = self.run_plateau(&ready, run_dir, &logs.join("soak.log"), false)?;
         let mut dir = run_dir.to_path_buf();
         if code == 4 && !self.o.command.iter().any(|a| a == "--until-decided") {
-            dir = run_dir.with_extension("longer");
+            dir = beside(run_dir, "longer");
             code = self.run_plateau(&ready, &dir, &logs.join("soak-longer.log"), true)?;
         }
         drop(ready);
@@ -414,6 +415,9 @@ impl Runner<'_> {
 /// per iteration and per request and its first named site.
 fn read_verdict(v: &Value, r: &mut Soaked) {
     r.summary = v["summary"].as_str().unwrap_or_default().to_string();
+    // Sites a known entry accepted are not what failed.
+    let verdict: Option<plateau_reports::Verdict> = serde_json::from_value(v.clone()).ok();
+    let known = |site: &str| verdict.as_ref().is_some_and(|x| x.known_accepts(site));
     for m in v["metrics"].as_array().into_iter().flatten() {
         let name = m["name"].as_str().unwrap_or_default().to_string();
         if let Some(rate) = m["trend"]["slope_per_iter"].as_f64() {
@@ -422,12 +426,24 @@ fn read_verdict(v: &Value, r: &mut Soaked) {
         if m["status"] == "fail" {
             if r.failing.is_empty() {
                 r.rate_per_request = m["projected"]["per_request"].as_f64();
-                r.site = m["sites"][0]["site"].as_str().map(str::to_string);
+            }
+            if r.site.is_none() {
+                let sites = m["sites"].as_array().into_iter().flatten();
+                let leak = sites.filter(|s| s["kind"] == "leak").filter_map(|s| s["site"].as_str()).find(|s| !known(s));
+                r.site = leak.map(str::to_string);
             }
             r.failing.push(name);
         }
     }
     r.rate_per_iteration = r.failing.first().and_then(|f| r.rates.iter().find(|(n, _)| n == f)).map(|x| x.1);
+}
+
+/// `DIR.SUFFIX` beside a candidate's run directory: its name kept whole (a release's dots are no
+/// extension: `1.3.0.logs`, never `1.3.logs`, which 1.3.1's would share).
+fn beside(run_dir: &Path, suffix: &str) -> PathBuf {
+    let mut name = run_dir.as_os_str().to_owned();
+    name.push(format!(".{suffix}"));
+    PathBuf::from(name)
 }
 
 fn free_port() -> Result<u16, String> {

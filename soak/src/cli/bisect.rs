@@ -16,7 +16,7 @@ pub struct Args {
     run_dir: Option<PathBuf>,
     /// The git repository to bisect (its checkout, index and HEAD are never touched: each
     /// candidate is checked out in a scratch worktree).
-    #[arg(long, required_unless_present = "versions", conflicts_with = "versions")]
+    #[arg(long, required_unless_present_any = ["versions", "versions_from_index"], conflicts_with = "versions")]
     repo: Option<PathBuf>,
     /// A commit (or, with --versions, a release) whose soak passes (default with --versions:
     /// the first listed, or the last with --find fix).
@@ -35,11 +35,16 @@ pub struct Args {
     /// the first and the last unless --good and --bad name others). Needs --setup.
     #[arg(long, value_name = "V1,V2,...", value_delimiter = ',', requires = "setup")]
     versions: Option<Vec<String>>,
+    /// Bisect the final releases of PACKAGE that its index lists (`python3 -m pip index versions
+    /// PACKAGE`: pre-releases and post releases left out) from the older end to the newer one,
+    /// both named (--good and --bad). Needs --setup.
+    #[arg(long, value_name = "PACKAGE", conflicts_with_all = ["versions", "repo"], requires_all = ["setup", "good", "bad"])]
+    versions_from_index: Option<String>,
     /// With --versions: a shell command that prepares release {version} and prints, as its first
     /// line, the command that serves it (`scripts/external/setup-vllm.sh {version}`); the soak's
     /// {serve} is that command. Its output goes to each release's setup.log; a failed setup skips
     /// the release.
-    #[arg(long, value_name = "CMD", requires = "versions")]
+    #[arg(long, value_name = "CMD")]
     setup: Option<String>,
     /// What to find: `regression` (the first that fails after passing, default) or `fix` (the
     /// first that passes after failing: --bad is then the older end).
@@ -89,6 +94,7 @@ pub fn main(a: Args) -> u8 {
         bad,
         build,
         versions,
+        versions_from_index,
         setup,
         find,
         out,
@@ -104,6 +110,24 @@ pub fn main(a: Args) -> u8 {
         );
         return USAGE;
     }
+    let interrupt = match super::stop_flag() {
+        Ok(stop) => stop,
+        Err(code) => return code,
+    };
+    let versions = match (versions, &versions_from_index) {
+        (None, Some(package)) => {
+            let (older, newer) = if find == Find::Fix { (&bad, &good) } else { (&good, &bad) };
+            let (older, newer) = (older.as_deref().unwrap_or_default(), newer.as_deref().unwrap_or_default());
+            match bisect::index::releases(package, older, newer, &interrupt) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    plateau_shell::errln!("plateau: {e}");
+                    return USAGE;
+                }
+            }
+        }
+        (v, _) => v,
+    };
     let subject = match subject(repo.as_ref(), good, bad, build, versions, setup, find) {
         Ok(s) => s,
         Err(e) => {
@@ -143,9 +167,9 @@ pub fn main(a: Args) -> u8 {
     };
     let out = out.unwrap_or_else(|| PathBuf::from("runs").join(format!("bisect-{}", super::timestamp())));
     // Its worktrees go under --out: a relative one is taken from here, never from the repository.
-    let (out, interrupt) = match (super::absolute(&out, "--out"), super::stop_flag()) {
-        (Ok(o), Ok(stop)) => (o, stop),
-        (Err(code), _) | (_, Err(code)) => return code,
+    let out = match super::absolute(&out, "--out") {
+        Ok(o) => o,
+        Err(code) => return code,
     };
     let o = BisectOptions { subject, find, out, jobs: jobs as usize, command, plateau, interrupt, quiet };
     match bisect::bisect(&o) {

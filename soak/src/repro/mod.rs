@@ -115,7 +115,7 @@ pub fn write(run_dir: &Path, out: &Path, bisect: Option<&Path>) -> Result<Writte
         requests,
         shrunk,
         has_plot,
-        packages: packages::of_server(run_dir),
+        packages: packages::of_server(run_dir, flag(&env.replay_args, "--spawn")),
         bisect: bisect.map(issue::bisect_answer).transpose().map_err(input)?,
     });
     put("ISSUE.md", text.as_bytes())?;

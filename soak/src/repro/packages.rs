@@ -19,12 +19,16 @@ pub struct Packages {
 }
 
 /// The server's kind and, for a Python server, its interpreter's version and distributions;
-/// None when the run recorded no server.
-pub fn of_server(run_dir: &Path) -> Option<Packages> {
+/// None when the run recorded no server. The interpreter is the one of the virtual environment
+/// the command starts (`VENV/bin/vllm serve` runs `VENV/bin/python`, whose packages are the
+/// venv's, while the process's own executable is the base interpreter it links to), else the
+/// one the server ran.
+pub fn of_server(run_dir: &Path, command: Option<&str>) -> Option<Packages> {
     let server: serde_json::Value = plateau_reports::fsutil::read_run_json(&run_dir.join("server.json"))?;
     let kind = server["kind"].as_str().unwrap_or("unknown").to_string();
     let exe = server["exe"].as_str().filter(|_| kind == "python");
-    let listed = exe.and_then(list);
+    let venv = command.and_then(venv_python);
+    let listed = exe.and_then(|exe| list(venv.as_deref().unwrap_or(exe)));
     Some(Packages {
         kind,
         python: listed.as_ref().and_then(|v| v["python"].as_str().map(str::to_string)),
@@ -35,6 +39,15 @@ pub fn of_server(run_dir: &Path) -> Option<Packages> {
             .flatten()
             .filter_map(|p| Some((p[0].as_str()?.to_string(), p[1].as_str()?.to_string())))
             .collect(),
+    })
+}
+
+/// The python beside the first program the command runs from a `bin` folder that has one.
+fn venv_python(command: &str) -> Option<String> {
+    let words = shlex::split(command)?;
+    words.iter().filter(|w| w.starts_with('/')).find_map(|w| {
+        let bin = Path::new(w).parent().filter(|b| b.ends_with("bin"))?;
+        ["python", "python3"].iter().map(|p| bin.join(p)).find(|p| p.is_file()).map(|p| p.display().to_string())
     })
 }
 

@@ -103,7 +103,9 @@ impl Record {
             return Err(format!("{path}: schema {:?}, not {RECORD_SCHEMA}", self.schema));
         }
         let on: Date = self.judged_on.parse().map_err(|e| format!("{path}: judged_on: {e}"))?;
-        parse(&self.text, &format!("{path} (recorded from {})", self.file), on)
+        // Errors name the record and the file it came from; the verdict names the file.
+        let k = parse(&self.text, &format!("{path} (recorded from {})", self.file), on)?;
+        Ok(Known { file: self.file.clone(), ..k })
     }
 }
 

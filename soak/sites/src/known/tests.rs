@@ -118,6 +118,53 @@ fn growth_the_sites_do_not_explain_is_not_accepted_with_the_known_site() {
     apply::apply(&file("1KiB", "2999-01-01"), &mut m);
     assert_eq!(m[0].status, Status::Fail);
     assert!(m[0].reason.contains("cover 50% of its rise and fills 10%"), "{}", m[0].reason);
+    assert!(m[0].reason.contains("account for 533 B/request of its 1000 B/request"), "{}", m[0].reason);
+}
+
+/// vLLM 0.24's processes (long prompts): the worker's pages list only malloc's share of its
+/// kernel caches (65%), its anonymous memory all of them; the tree's sums list every process's.
+#[test]
+fn a_process_listing_one_layer_passes_on_the_rate_its_accepted_sites_keep_counted_once() {
+    let native = "(native code without symbols, on a thread memray knows no name of)";
+    let torch = "torch/_ops.py:865 __call__";
+    let text = format!(
+        "[[known]]\nprocess = \"worker\"\nsite = 'torch/_ops'\nmax_per_request = \"16KiB\"\nreason = \"kernels per shape\"\nuntil = \"2999-01-01\"\n\n[[known]]\nprocess = \"*\"\nsite = '^\\(native code'\nmax_per_request = \"256B\"\nreason = \"native\"\nuntil = \"2999-01-01\"\n"
+    );
+    let k = parse(&text, "k.toml", ON).unwrap();
+    let mut m = vec![
+        gauge(
+            "target.worker.malloc.in_use_bytes",
+            7445.0,
+            vec![site(torch, "leak", 7312.0, 0.98), site(native, "leak", 118.0, 0.02)],
+        ),
+        gauge("target.worker.proc.anon_bytes", 10996.0, vec![site(torch, "leak", 10996.0, 1.0)]),
+        gauge(
+            "target.worker.proc.rss",
+            10645.0,
+            vec![site(torch, "leak", 7312.0, 0.65), site(native, "leak", 118.0, 0.01)],
+        ),
+        gauge("target.engine_core.malloc.in_use_bytes", 120.0, vec![site(native, "leak", 118.0, 0.97)]),
+        gauge("target.proc.anon_bytes", 10996.0, vec![site(torch, "leak", 10996.0, 1.0)]),
+        gauge("target.proc.rss", 10937.0, vec![]),
+    ];
+    // vLLM 0.28's engine core: malloc's free bytes undecided beside the heap's known native growth.
+    let mut free = gauge("target.engine_core.malloc.free_bytes", 0.0, vec![site(native, "leak", 118.0, 0.93)]);
+    free.status = Status::Inconclusive;
+    free.projected = None;
+    m.push(free);
+    apply::apply(&k, &mut m);
+    assert!(m.iter().all(|g| g.status == Status::Pass), "{m:#?}");
+    // The tree's sum counts the worker's torch site once (10,996 B), with each process's native
+    // code: 11,232 B a request, of which 80% is less than a tree growing 14 KiB a request.
+    let mut m = vec![
+        gauge("target.worker.proc.anon_bytes", 10996.0, vec![site(torch, "leak", 10996.0, 1.0)]),
+        gauge("target.engine_core.malloc.in_use_bytes", 120.0, vec![site(native, "leak", 118.0, 0.97)]),
+        gauge("target.proc.anon_bytes", 10996.0, vec![site(torch, "leak", 10996.0, 1.0)]),
+        gauge("target.proc.rss", 14336.0, vec![]),
+    ];
+    apply::apply(&k, &mut m);
+    assert_eq!(m[3].status, Status::Fail, "{:#?}", m[3]);
+    assert!(m[3].reason.contains("10.9 KiB/request of its 14.0 KiB/request"), "{}", m[3].reason);
 }
 
 #[test]
