@@ -41,13 +41,21 @@ fn bytes(b: f64) -> String {
     fmt_value(b, "bytes")
 }
 
-/// A gauge's process as people say it: `engine_core` of `target.engine_core.proc.rss`, the
-/// server of `target.proc.rss`.
-fn process(gauge: &str) -> String {
+/// A gauge's process role: `engine_core` of `target.engine_core.proc.rss`, `target` of a tree's
+/// sum (`target.proc.rss`, `decode.target.proc.rss`).
+pub fn role(gauge: &str) -> String {
     let parts: Vec<&str> = gauge.split('.').collect();
     match parts.len() {
-        n if n > 3 => parts[n - 3].to_string(),
-        _ => "the server's process tree".to_string(),
+        n if n > 3 && parts[n - 3] != "target" => parts[n - 3].to_string(),
+        _ => "target".to_string(),
+    }
+}
+
+/// A gauge's process as people say it: `engine_core`, or the server's process tree.
+fn process(gauge: &str) -> String {
+    match role(gauge).as_str() {
+        "target" => "the server's process tree".to_string(),
+        r => r.to_string(),
     }
 }
 

@@ -92,6 +92,7 @@ pub fn write(run_dir: &Path, out: &Path, bisect: Option<&Path>) -> Result<Writte
         "schema": "plateau.repro.v1",
         "summary": scrub::paths(&v.summary),
         "gauge": gauge.name,
+        "process": issue::role(&gauge.name),
         "rate_per_request": rate,
         "warmup_share": v.warmup_iterations as f64 / v.iterations.max(1) as f64,
         "concurrency": flag(&env.replay_args, "--concurrency").and_then(|c| c.parse::<u64>().ok()).unwrap_or(64),

@@ -9,7 +9,7 @@ line through each process's RSS against the requests sent, and prints the growth
 
     python3 repro.py --url http://127.0.0.1:8000 --pid SERVER_PID [--requests N] [--timeout-s S]
 
-Exit 1 when the server grows at least half the run's rate per request over the measured window
+Exit 1 when that process grows at least half the run's rate per request over the measured window
 and over its last half (the growth is reproduced); 0 when it does not; 2 on bad input, a server
 that does not answer, or too few points to judge (send more requests).
 """
@@ -141,6 +141,37 @@ def name_of(pid):
         return "?"
 
 
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def sanitize(s):
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in s)
+
+
+def role_of(pid, root):
+    """A process's role as plateau names it in a metric (`engine_core` of
+    `target.engine_core.proc.rss`): vLLM's processes by their titles, others by their names."""
+    comm, cmd = name_of(pid), cmdline(pid)
+    if comm.startswith("VLLM::"):
+        rest = comm[len("VLLM::") :]
+        for prefix, role in (("EngineCor", "engine_core"), ("Worker", "worker"), ("APIServer", "api_server")):
+            if rest.startswith(prefix):
+                return role
+        return sanitize("".join(("_" + c.lower()) if c.isupper() and i else c.lower() for i, c in enumerate(rest)))
+    if "EngineCore" in cmd:
+        return "engine_core"
+    if "multiprocessing.resource_tracker" in cmd:
+        return "resource_tracker"
+    if pid == root and "vllm" in cmd and (" serve" in cmd or "entrypoints.openai.api_server" in cmd):
+        return "api_server"
+    return sanitize(comm)
+
+
 def slope(xs, ys):
     """Least squares: the rise of y per unit of x."""
     n = len(xs)
@@ -176,7 +207,7 @@ def main():
     except Exception as e:  # noqa: BLE001 - any failure to reach the server is the same answer
         sys.exit(f"repro.py: {o.url}/v1/models: {e}")
     print(f"repro: {meta['summary']}")
-    print(f"repro: the run's growth: {fmt(run_rate)}/request in {meta['gauge']}; sending up to {total} requests to {o.url} ({model})")
+    print(f"repro: the run's growth: {fmt(run_rate)}/request in {meta['gauge']} (process: {meta.get('process', 'target')}); sending up to {total} requests to {o.url} ({model})")
     deadline = time.monotonic() + o.timeout_s
     sent, points, pool = 0, [], concurrent.futures.ThreadPoolExecutor(max_workers=int(meta.get("concurrency", 16)))
     for it in iterations:
@@ -195,24 +226,34 @@ def main():
         sys.exit(f"repro.py: {len(judged)} points after the warm-up, fewer than {MIN_POINTS}: give more --requests or --timeout-s")
     xs = [p[0] for p in judged]
     half = len(judged) // 2
-    grew = False
-    lines = []
-    series = {"process tree (RSS)": [sum(v for v in p[1].values() if v) for p in judged]}
+    tree_series = [sum(v for v in p[1].values() if v) for p in judged]
+    series = {}
     for pid in judged[0][1]:
         ys = [p[1].get(pid) for p in judged]
         if all(y is not None for y in ys):
-            series[f"pid {pid} {name_of(pid)}"] = ys
-    for label, ys in series.items():
+            series[(pid, role_of(pid, o.pid))] = ys
+    # The process that grew in the run is judged (by its role: `engine_core`); the whole tree when
+    # the run's gauge was the tree's, or when no process here has that role.
+    grown = meta.get("process", "target")
+    judged_keys = [k for k in series if k[1] == grown] if grown != "target" else []
+    grew = False
+    lines = []
+    rows = [("process tree (RSS)", tree_series, not judged_keys)]
+    rows += [(f"pid {pid} {role}", ys, (pid, role) in judged_keys) for (pid, role), ys in series.items()]
+    for label, ys, judge in rows:
         whole, last = slope(xs, ys), slope(xs[half:], ys[half:])
-        hit = whole >= SHARE_OF_RUN_RATE * run_rate and last >= SHARE_OF_RUN_RATE * run_rate
+        hit = judge and whole >= SHARE_OF_RUN_RATE * run_rate and last >= SHARE_OF_RUN_RATE * run_rate
         grew = grew or hit
-        lines.append(f"  {label}: {fmt(whole)}/request ({fmt(last)}/request over the last half){'  <- grows' if hit else ''}")
+        where = "the whole tree" if not judged_keys else grown
+        mark = "  <- grows" if hit else ("" if judge else f"  (not judged: the run grew in {where})")
+        lines.append(f"  {label}: {fmt(whole)}/request ({fmt(last)}/request over the last half){mark}")
     print(f"repro: {sent} requests in {len(points)} iterations; growth per request after {warm} iterations of warm-up:")
     print("\n".join(lines))
     if grew:
         print(f"repro: reproduced: at least {fmt(SHARE_OF_RUN_RATE * run_rate)}/request, half the run's {fmt(run_rate)}/request")
         sys.exit(1)
-    print(f"repro: not reproduced: no process grew {fmt(SHARE_OF_RUN_RATE * run_rate)}/request (half the run's {fmt(run_rate)}/request)")
+    what = "the process tree" if not judged_keys else grown
+    print(f"repro: not reproduced: {what} did not grow {fmt(SHARE_OF_RUN_RATE * run_rate)}/request (half the run's {fmt(run_rate)}/request)")
     sys.exit(0)
 
 
