@@ -73,6 +73,13 @@ pub fn read_input_text(path: &Path, max_bytes: u64) -> Result<String, String> {
     String::from_utf8(read_input(path, max_bytes)?).map_err(|e| format!("{}: not UTF-8 ({e})", path.display()))
 }
 
+/// JSON the user or a run gave, read as an input ([`read_input`]): errors name the file and the
+/// line.
+pub fn read_input_json<T: serde::de::DeserializeOwned>(path: &Path, max_bytes: u64) -> Result<T, String> {
+    let bytes = read_input(path, max_bytes)?;
+    serde_json::from_slice(&bytes).map_err(|e| format!("{}: line {}: {e}", path.display(), e.line()))
+}
+
 /// The JSON a run left beside its samples (residues, growth sites, mappings, its verdict), if it
 /// is there and reads: at most [`RUN_FILE_BYTES`]. What cannot be read is left out, as absent.
 pub fn read_run_json<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {

@@ -236,6 +236,19 @@ pub struct Verdict {
     pub metrics: Vec<MetricVerdict>,
 }
 
+impl KnownEntry {
+    /// A site an entry matched, as `matched` lists it: `GAUGE: SITE (RATE)`.
+    pub fn matched_line(gauge: &str, site: &str, rate: &str) -> String {
+        format!("{gauge}: {site} ({rate})")
+    }
+
+    /// Whether it accepted growth at `site`.
+    pub fn accepts(&self, site: &str) -> bool {
+        let said = format!(": {site} (");
+        self.state == "accepted" && self.matched.iter().any(|x| x.contains(&said))
+    }
+}
+
 /// One entry of a known-growth file as a verdict used it: growth reported upstream, accepted at
 /// or under its rate per request until its date, in the processes and sites it names.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -305,11 +318,14 @@ impl Verdict {
         self.verdict == Status::Fail
     }
 
-    /// Whether a known-growth entry accepted growth at allocation site `site` (known growth is
-    /// not what a failure names first).
-    pub fn known_accepts(&self, site: &str) -> bool {
-        let said = format!(": {site} (");
-        self.known.iter().filter(|k| k.state == "accepted").any(|k| k.matched.iter().any(|x| x.contains(&said)))
+    /// The leaking sites its failing gauges list, most explaining first, that no known-growth
+    /// entry accepted: what a failure names first (known growth is not the finding).
+    pub fn unknown_leaks(&self) -> impl Iterator<Item = &Site> {
+        self.metrics
+            .iter()
+            .filter(|m| m.status == Status::Fail)
+            .flat_map(|m| m.sites.iter())
+            .filter(|s| s.kind.as_deref() == Some("leak") && !self.known.iter().any(|k| k.accepts(&s.place())))
     }
 
     pub fn inconclusive(&self) -> bool {

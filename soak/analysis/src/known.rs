@@ -17,6 +17,7 @@ pub(crate) fn read_record(samples: &Path, files: &mut BTreeMap<String, String>) 
         return Ok(None);
     }
     let bytes = plateau_reports::fsutil::read_input(&path, MAX_FILE_BYTES)?;
+    // Hashed as read: the bytes parsed are the bytes in the evidence.
     files.insert(RECORD_FILE.to_string(), crate::sha256_hex(&bytes));
     let record: Record =
         serde_json::from_slice(&bytes).map_err(|e| format!("{}: line {}: {e}", path.display(), e.line()))?;

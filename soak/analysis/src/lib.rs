@@ -242,18 +242,14 @@ fn name_growth_sites(g: &plateau_profile::GrowthRecord, v: &mut Verdict) {
 
 /// The summary names the leak site of the first failing gauge that has one (sites.jsonl).
 fn name_top_site(v: &mut Verdict) {
-    let top = v
-        .metrics
-        .iter()
-        .filter(|m| m.status == Status::Fail)
-        .flat_map(|m| m.sites.iter())
-        .find(|s| s.kind.as_deref() == Some("leak") && !v.known_accepts(&s.place()));
-    if let Some(s) = top {
+    let line = v.unknown_leaks().next().map(|s| {
         let rate = s
             .per_request
             .map(|r| format!(", {}/request", plateau_detector::series::fmt_value(r, "bytes")))
             .unwrap_or_default();
-        let line = format!("; top site: {} (leak{rate})", s.place());
+        format!("; top site: {} (leak{rate})", s.place())
+    });
+    if let Some(line) = line {
         v.summary.push_str(&line);
     }
 }

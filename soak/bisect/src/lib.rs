@@ -37,9 +37,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use plateau_reports::{Status, Verdict};
 use plateau_shell::children::{Ended, INTERRUPTED};
 use serde::Serialize;
-use serde_json::Value;
 
 use search::{Found, Outcome, Search};
 pub use subject::Subject;
@@ -362,8 +362,7 @@ impl Runner<'_> {
         drop(ready);
         r.exit_code = Some(code);
         r.run_dir = dir.display().to_string();
-        let verdict: Option<Value> =
-            std::fs::read_to_string(dir.join("verdict.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+        let verdict: Option<Verdict> = plateau_reports::fsutil::read_run_json(&dir.join("verdict.json"));
         if let Some(v) = &verdict {
             read_verdict(v, r);
         }
@@ -412,29 +411,21 @@ impl Runner<'_> {
 }
 
 /// A candidate's verdict.json: its line, every metric's rate, and the first failing one's rate
-/// per iteration and per request and its first named site.
-fn read_verdict(v: &Value, r: &mut Soaked) {
-    r.summary = v["summary"].as_str().unwrap_or_default().to_string();
-    // Sites a known entry accepted are not what failed.
-    let verdict: Option<plateau_reports::Verdict> = serde_json::from_value(v.clone()).ok();
-    let known = |site: &str| verdict.as_ref().is_some_and(|x| x.known_accepts(site));
-    for m in v["metrics"].as_array().into_iter().flatten() {
-        let name = m["name"].as_str().unwrap_or_default().to_string();
-        if let Some(rate) = m["trend"]["slope_per_iter"].as_f64() {
-            r.rates.push((name.clone(), rate));
+/// per iteration and per request, and the first leaking site no known entry accepted.
+fn read_verdict(v: &Verdict, r: &mut Soaked) {
+    r.summary = v.summary.clone();
+    for m in &v.metrics {
+        if let Some(t) = &m.trend {
+            r.rates.push((m.name.clone(), t.slope_per_iter));
         }
-        if m["status"] == "fail" {
+        if m.status == Status::Fail {
             if r.failing.is_empty() {
-                r.rate_per_request = m["projected"]["per_request"].as_f64();
+                r.rate_per_request = m.projected.as_ref().and_then(|p| p.per_request);
             }
-            if r.site.is_none() {
-                let sites = m["sites"].as_array().into_iter().flatten();
-                let leak = sites.filter(|s| s["kind"] == "leak").filter_map(|s| s["site"].as_str()).find(|s| !known(s));
-                r.site = leak.map(str::to_string);
-            }
-            r.failing.push(name);
+            r.failing.push(m.name.clone());
         }
     }
+    r.site = v.unknown_leaks().find_map(|s| s.site.clone());
     r.rate_per_iteration = r.failing.first().and_then(|f| r.rates.iter().find(|(n, _)| n == f)).map(|x| x.1);
 }
 

@@ -30,11 +30,7 @@ pub struct Facts<'a> {
 /// The first leaking site the verdict names on a failing gauge, most explaining first, that no
 /// known entry accepted (known growth is not the finding).
 pub fn top_site(v: &Verdict) -> Option<&Site> {
-    v.metrics
-        .iter()
-        .filter(|m| m.status == Status::Fail)
-        .flat_map(|m| m.sites.iter())
-        .find(|s| s.kind.as_deref() == Some("leak") && s.site.as_deref().is_some_and(|n| !v.known_accepts(n)))
+    v.unknown_leaks().find(|s| s.site.is_some())
 }
 
 fn bytes(b: f64) -> String {

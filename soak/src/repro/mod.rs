@@ -138,8 +138,7 @@ fn scenario_of(run_dir: &Path, v: &Verdict) -> Result<(Scenario, bool, u64), Rep
 
 /// A JSON file of a run or a bisect; errors name it, and the line.
 pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, String> {
-    let bytes = plateau_reports::fsutil::read_input(path, plateau_reports::fsutil::RUN_FILE_BYTES)?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("{}: line {}: {e}", path.display(), e.line()))
+    plateau_reports::fsutil::read_input_json(path, plateau_reports::fsutil::RUN_FILE_BYTES)
 }
 
 /// A flag's value in a list of arguments.

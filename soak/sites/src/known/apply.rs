@@ -37,7 +37,7 @@ pub(super) fn apply(k: &Known, metrics: &mut [MetricVerdict]) -> (Vec<KnownEntry
     let mut accepted: BTreeMap<(String, String), f64> = BTreeMap::new();
     // Gauges a named site keeps failing (unmatched, faster, expired): no rate can accept them.
     let mut named = std::collections::BTreeSet::new();
-    let open = |m: &MetricVerdict| failing_bytes(m) || (undecided_bytes(m) && !m.sites.is_empty());
+    let open = |m: &MetricVerdict| bytes_gauge(m, Status::Fail) || bytes_gauge(m, Status::Inconclusive);
     for m in metrics.iter_mut().filter(|m| open(m) && !m.sites.is_empty() && m.explained_share.is_some()) {
         match by_sites(k, m, &mut uses, &mut accepted) {
             BySites::Decided(line) => lines.push(line),
@@ -48,7 +48,7 @@ pub(super) fn apply(k: &Known, metrics: &mut [MetricVerdict]) -> (Vec<KnownEntry
             BySites::Unexplained | BySites::Nothing => {}
         }
     }
-    for m in metrics.iter_mut().filter(|m| failing_bytes(m) && !named.contains(&m.name)) {
+    for m in metrics.iter_mut().filter(|m| bytes_gauge(m, Status::Fail) && !named.contains(&m.name)) {
         if let Some(line) = by_rate(m, &accepted) {
             lines.push(line);
         }
@@ -69,15 +69,17 @@ pub(super) fn not_applied(k: &Known) -> Vec<KnownEntry> {
     k.entries.iter().map(|e| KnownEntry { state: "not applied".into(), ..record(e, Use::default()) }).collect()
 }
 
-/// An undecided byte gauge whose listed sites the entries may settle: its rise explained by
-/// known leaks at their rates is no open question (a heap's free bytes beside a known leak).
-/// Without sites listed it stays undecided: known growth accepts a rate, not a trend unseen.
-fn undecided_bytes(m: &MetricVerdict) -> bool {
-    m.status == Status::Inconclusive && m.kind == "gauge" && m.unit == "bytes"
+/// A byte gauge of `status`. Failing ones are weighed by their sites and by their rate; an
+/// undecided one only by its listed sites (its rise explained by known leaks at their rates is no
+/// open question, as a heap's free bytes beside a known leak; without sites listed it stays
+/// undecided: known growth accepts a rate, not a trend unseen).
+fn bytes_gauge(m: &MetricVerdict, status: Status) -> bool {
+    m.status == status && m.kind == "gauge" && m.unit == "bytes"
 }
 
-fn failing_bytes(m: &MetricVerdict) -> bool {
-    m.status == Status::Fail && m.kind == "gauge" && m.unit == "bytes"
+/// The first clause of a gauge's reason: how it failed, before what was added to it.
+fn first_clause(reason: &str) -> String {
+    reason.split(';').next().unwrap_or_default().to_string()
 }
 
 /// A gauge's process: its name less the layer and the gauge (`target.engine_core` of
@@ -134,7 +136,7 @@ fn by_sites(
         };
         let e = &k.entries[i];
         let rate = s.per_request;
-        uses[i].matched.push(format!("{}: {name} ({})", m.name, rate.map_or("no rate".into(), per_request)));
+        uses[i].matched.push(KnownEntry::matched_line(&m.name, &name, &rate.map_or("no rate".into(), per_request)));
         if e.until < k.on {
             uses[i].expired = true;
             problems.push(format!("{name}: known entry {} expired: until {} ({})", e.number, e.until, e.reason));
@@ -171,7 +173,7 @@ fn by_sites(
         m.sites.iter().filter(|s| !leaking(s) && s.kind.as_deref() == Some(kind)).filter_map(|s| s.share).sum()
     };
     let (fills, undecided) = (share_of("fill"), share_of("undecided"));
-    let rise = m.reason.split(';').next().unwrap_or_default().to_string();
+    let rise = first_clause(&m.reason);
     if covered_share + fills >= EXPLAINED {
         let reason = format!(
             "known growth, accepted: {} ({:.0}% of its rise; fills {:.0}%); it failed as: {rise}",
@@ -231,7 +233,7 @@ fn by_rate(m: &mut MetricVerdict, accepted: &BTreeMap<(String, String), f64>) ->
             per_request(rate),
             per_request(own),
             100.0 * EXPLAINED,
-            m.reason.split(';').next().unwrap_or_default()
+            first_clause(&m.reason)
         );
         settle(m, Status::Pass, None, reason);
         Some(format!(

@@ -44,14 +44,21 @@ impl std::fmt::Display for Date {
     }
 }
 
+impl Date {
+    /// A TOML date-time that is a day alone.
+    pub fn from_datetime(d: toml::value::Datetime) -> Result<Date, String> {
+        match (d.date, d.time) {
+            (Some(x), None) => Ok(Date { year: x.year, month: x.month, day: x.day }),
+            _ => Err(format!("{d}: a day (YYYY-MM-DD), without a time")),
+        }
+    }
+}
+
 impl std::str::FromStr for Date {
     type Err = String;
     fn from_str(s: &str) -> Result<Date, String> {
         let d: toml::value::Datetime = s.trim().parse().map_err(|_| format!("{s:?} is not a date (YYYY-MM-DD)"))?;
-        match (d.date, d.time) {
-            (Some(x), None) => Ok(Date { year: x.year, month: x.month, day: x.day }),
-            _ => Err(format!("{s:?} is not a day (YYYY-MM-DD)")),
-        }
+        Date::from_datetime(d)
     }
 }
 

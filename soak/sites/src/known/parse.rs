@@ -128,16 +128,10 @@ fn rate(v: &toml::Value) -> Result<(String, f64), String> {
 
 /// A calendar day: a TOML date (`until = 2027-03-31`) or the same as a string.
 fn date(v: &toml::Value) -> Result<Date, String> {
-    let d = match v {
-        toml::Value::Datetime(d) => *d,
-        toml::Value::String(s) => {
-            s.trim().parse::<toml::value::Datetime>().map_err(|_| format!("{s:?} is not a date (YYYY-MM-DD)"))?
-        }
-        other => return Err(format!("a date (YYYY-MM-DD), not {}", other.type_str())),
-    };
-    match (d.date, d.time) {
-        (Some(day), None) => Ok(Date { year: day.year, month: day.month, day: day.day }),
-        _ => Err(format!("{d}: a day (YYYY-MM-DD), without a time")),
+    match v {
+        toml::Value::Datetime(d) => Date::from_datetime(*d),
+        toml::Value::String(s) => s.parse(),
+        other => Err(format!("a date (YYYY-MM-DD), not {}", other.type_str())),
     }
 }
 
