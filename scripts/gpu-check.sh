@@ -90,18 +90,24 @@ def last(name):
         return {"error": str(e)}
 t = last("throughput.out")
 bad = False
+# The targets (issue "The CUDA engine near the hardware's bound"): batch 64 at five times
+# transformers and its step within 3x of the bandwidth bound; batch 1 within 4x; other batches
+# reported. Each row ends with its ratio to the bound.
+BOUND = {64: 3.0, 1: 4.0}
 for r in t.get("decode", []):
     hf = last(f"hf-generate-{r['batch']}.out").get("decode_tok_s")
     speed = r["decode_tok_s"] / hf if hf else float("nan")
-    # The target is batch 64 at five times transformers; the distance to the bandwidth bound (the
-    # goal after it: 2.5x) is reported on every row and explained by scripts/gpu-profile.sh.
-    judged = r["batch"] == 64
-    ok = speed >= 5 if judged else True
+    judged = r["batch"] in BOUND
+    ok = r["ratio_to_bound"] <= BOUND.get(r["batch"], float("inf")) and (speed >= 5 if r["batch"] == 64 else True)
     bad |= not ok
     verdict = ('ok' if ok else 'FAIL') if judged else 'info'
-    print(f"{'decode bf16 batch ' + str(r['batch']):<40} {verdict:<5} {r['decode_tok_s']:.0f} tok/s; transformers {hf or float('nan'):.0f} ({speed:.1f}x{', target 5x' if judged else ''}); step {r['step_ms']:.2f} ms vs bound {r['bound_ms']:.2f} ms ({r['ratio_to_bound']:.2f}x)")
+    target = f", target 5x" if r["batch"] == 64 else ""
+    print(f"{'decode bf16 batch ' + str(r['batch']):<40} {verdict:<5} {r['decode_tok_s']:.0f} tok/s; transformers {hf or float('nan'):.0f} ({speed:.1f}x{target}); step {r['step_ms']:.2f} ms vs bound {r['bound_ms']:.2f} ms ({r['ratio_to_bound']:.2f}x)")
 if "prefill_tok_s" in t:
-    print(f"{'prefill bf16 ' + str(int(t['prefill_tokens'])) + ' tokens':<40} {'info':<5} {t['prefill_tok_s']:.0f} tok/s; {t['prefill_ms']:.1f} ms vs matmul bound {t['prefill_matmul_bound_ms']:.2f} ms; copy bandwidth {t['copy_bandwidth_gb_s']:.0f} GB/s")
+    # The prefill's target: within 10x of its matrix-product bound.
+    ok = t['prefill_ms'] <= 10 * t['prefill_matmul_bound_ms']
+    bad |= not ok
+    print(f"{'prefill bf16 ' + str(int(t['prefill_tokens'])) + ' tokens':<40} {'ok' if ok else 'FAIL':<5} {t['prefill_tok_s']:.0f} tok/s; {t['prefill_ms']:.1f} ms vs matmul bound {t['prefill_matmul_bound_ms']:.2f} ms; copy bandwidth {t['copy_bandwidth_gb_s']:.0f} GB/s")
 else:
     print(f"{'throughput':<40} FAIL  {t}")
     bad = True

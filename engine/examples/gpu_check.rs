@@ -359,7 +359,7 @@ fn throughput(
     let matmul_bound_s = flops / 790e12;
     Ok(json!({"check": "throughput", "preset": preset, "dtype": dtype.suffix(), "copy_bandwidth_gb_s": bw / 1e9,
         "decode": rows, "prefill_tokens": n_prompt, "prefill_tok_s": n_prompt / prefill_s, "prefill_ms": prefill_s * 1e3, "prefill_matmul_bound_ms": matmul_bound_s * 1e3,
-        "note": "step times include sampling on the host and reading logits back"}))
+        "note": "step times include the engine's host work; greedy rows (all of them here) are picked on the device, one token id read back each"}))
 }
 
 /// Device-to-device copy bandwidth (bytes/s, read plus write), median of 5 copies of 1 GiB.

@@ -13,7 +13,7 @@ use crate::encoder_cache::EncoderCache;
 use crate::error::Result;
 use crate::kv_manager::KvManager;
 use crate::metrics::{self, Counters, IdleViolation, Sources};
-use crate::model::backend::Backend;
+use crate::model::backend::{Backend, Logits};
 use crate::model::config::ModelConfig;
 use crate::model_runner::ModelRunner;
 use crate::output::{Ctx, OutputProcessor};
@@ -167,7 +167,8 @@ impl Engine {
             if !chunks.is_empty() {
                 let batch = ModelRunner::build_batch(&chunks, sched.copies, &self.store, &self.kv, &self.encoder);
                 self.counters.block_copies += batch.copies.len() as u64;
-                let logits = self.runner.forward(&batch)?;
+                let greedy = ModelRunner::greedy_rows(&chunks, &self.store);
+                let logits = self.runner.forward(&batch, &greedy)?;
                 self.process(&chunks, logits);
             }
             self.sync_queues();
@@ -214,7 +215,7 @@ impl Engine {
     }
 
     /// The output processor's share of a step; then image references no longer needed go back.
-    fn process(&mut self, chunks: &[Chunk], logits: Vec<Vec<f32>>) {
+    fn process(&mut self, chunks: &[Chunk], logits: Vec<Logits>) {
         let (output, mut cx) = self.parts();
         output.apply(&mut cx, chunks, logits);
         let mut touched: Vec<RequestId> =

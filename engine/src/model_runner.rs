@@ -10,7 +10,7 @@ use crate::block_pool::BlockId;
 use crate::encoder_cache::EncoderCache;
 use crate::error::Result;
 use crate::kv_manager::{BlockCopy, KvManager};
-use crate::model::backend::{Backend, ForwardBatch, SeqChunk};
+use crate::model::backend::{Backend, ForwardBatch, Logits, SeqChunk};
 use crate::model::weights::WeightSource;
 use crate::scheduler::{Chunk, EncodeJob};
 use crate::store::RequestStore;
@@ -75,9 +75,22 @@ impl ModelRunner {
         ForwardBatch { copies, chunks }
     }
 
-    /// Computes a batch: one logits row per chunk that wants it, in order.
-    pub fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
-        Ok(self.backend.forward(batch)?)
+    /// For each chunk: whether its row is sampled greedily (temperature 0). A sequence whose request
+    /// is gone (an orphan of an abort) samples with the defaults, so its row is never greedy here.
+    pub fn greedy_rows(chunks: &[Chunk], store: &RequestStore) -> Vec<bool> {
+        chunks
+            .iter()
+            .map(|c| {
+                let request = store.seq(c.seq).request;
+                store.requests.get(&request).is_some_and(|r| r.params.temperature == 0.0)
+            })
+            .collect()
+    }
+
+    /// Computes a batch: for each chunk that wants logits, in order, its row or (where every
+    /// sequence sampling it is greedy) its argmax, picked where the backend computed the logits.
+    pub fn forward(&mut self, batch: &ForwardBatch, greedy: &[bool]) -> Result<Vec<Logits>> {
+        Ok(self.backend.forward_sampled(batch, greedy)?)
     }
 
     /// Releases the KV pool, and at level 2 the weights too.

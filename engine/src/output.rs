@@ -15,6 +15,7 @@ use crate::encoder_cache::EncoderCache;
 use crate::inject::{Injection, Injections};
 use crate::kv_manager::{KvManager, SeqId};
 use crate::metrics::Counters;
+use crate::model::backend::Logits;
 use crate::pd::{KvConnector, Role};
 use crate::plant::Garden;
 use crate::registry::{MetricKind, Registries, TrackedQueue};
@@ -95,7 +96,7 @@ impl OutputProcessor {
 
     /// Records computed tokens, samples where logits came back, forks n>1 requests after their
     /// prompt, and finishes sequences that stop.
-    pub fn apply(&mut self, cx: &mut Ctx, chunks: &[Chunk], logits: Vec<Vec<f32>>) {
+    pub fn apply(&mut self, cx: &mut Ctx, chunks: &[Chunk], logits: Vec<Logits>) {
         let mut logits = logits.into_iter();
         for c in chunks {
             let request = cx.store.seq(c.seq).request;
@@ -142,13 +143,21 @@ impl OutputProcessor {
         }
     }
 
-    fn sample_and_check(&mut self, cx: &mut Ctx, sid: SeqId, logits: &[f32], request: Option<RequestId>) {
+    fn sample_and_check(&mut self, cx: &mut Ctx, sid: SeqId, logits: &Logits, request: Option<RequestId>) {
         let params = match request.and_then(|r| cx.store.requests.get(&r)) {
             Some(r) => r.params.clone(),
             None => SamplingParams { ignore_eos: true, ..SamplingParams::default() },
         };
         let s = cx.store.seq_mut(sid);
-        let tok = sampler::sample(logits, &params, &mut s.rng);
+        let tok = match logits {
+            Logits::Row(row) => sampler::sample(row, &params, &mut s.rng),
+            // Asked for only where the request samples greedily (ModelRunner::greedy_rows): the
+            // sampler's answer at temperature 0, which takes no draw.
+            Logits::Argmax(id) => {
+                debug_assert_eq!(params.temperature, 0.0, "an argmax came back for a sampled row");
+                *id
+            }
+        };
         s.tokens.push(tok);
         cx.counters.tokens_generated += 1;
         let generated = s.tokens.len() - s.num_prompt;

@@ -9,7 +9,7 @@ mod bad_input;
 mod cuda;
 mod determinism;
 mod engine_props;
-mod kernels_emulated;
+mod greedy_rows;
 mod kv_props;
 mod multimodal;
 mod pd;

@@ -59,6 +59,15 @@ pub struct ForwardBatch {
     pub chunks: Vec<SeqChunk>,
 }
 
+/// A chunk's answer from [`Backend::forward_sampled`]: its logits row, or only the row's argmax
+/// where the engine samples it greedily and the backend picked it where the logits are.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Logits {
+    Row(Vec<f32>),
+    /// The lowest id among the largest logits: what the host sampler answers at temperature 0.
+    Argmax(u32),
+}
+
 /// Memory a backend holds, in bytes, and how many KV pools are alive (one when awake, none asleep).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BackendMemory {
@@ -85,6 +94,14 @@ pub trait Backend: Send {
     fn release_weights(&mut self);
     /// Computes the batch; returns one logits row per chunk with `want_logits`, in order.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>>;
+    /// Computes the batch and answers each chunk that wants logits, in order: its row, or only its
+    /// argmax where `greedy[i]` (one per chunk of the batch) says every sequence sampling chunk i
+    /// samples it greedily, and the backend can pick on the device (reading back a token id
+    /// instead of a row of the vocabulary). The default returns every row.
+    fn forward_sampled(&mut self, batch: &ForwardBatch, greedy: &[bool]) -> Result<Vec<Logits>> {
+        let _ = greedy;
+        Ok(self.forward(batch)?.into_iter().map(Logits::Row).collect())
+    }
     /// The K and V of `blocks`, layer by layer (for each layer: K of every block, then V).
     fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>>;
     /// Writes what `read_kv` returned (from another engine of the same shape) into `blocks`.

@@ -2,8 +2,9 @@
 //!
 //! Lifecycle: `new` opens device 0, compiles the kernels, checks that the weights fit (before
 //! uploading anything) and uploads them; the engine then asks for the KV pool (`allocate_kv`).
-//! Each `forward` allocates its activations and metadata, runs every layer on one stream, reads the
-//! wanted logits back to the host (sampling stays on the host) and frees what it allocated. Sleep
+//! Each `forward` allocates its activations and metadata, runs every layer on one stream, answers
+//! each row that wants logits (a greedy row with its argmax, picked on the device; any other with
+//! its logits, read back for the host's sampler) and frees what it allocated. Sleep
 //! releases the KV pool (level 1) and the weights (level 2) and trims the allocator's pool so the
 //! driver sees the memory back; wake allocates and uploads again. The vision encoder (images) runs
 //! on the host with the CPU backend's code, from a host copy of the vision tower's weights.
@@ -19,21 +20,21 @@ use super::kernels::{cfg, elementwise, Arg, Kernels};
 use super::DType;
 use crate::backend::BlockId;
 use crate::backend::PoolRelease;
-use crate::backend::{Backend, BackendMemory, ForwardBatch};
+use crate::backend::{Backend, BackendMemory, ForwardBatch, Logits};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::metric::{Metric, MetricKind};
 use crate::weights::ModelWeights;
 
+/// A layer's weights as the forward pass multiplies them: the query, key and value projections
+/// stacked into one matrix (one product, rows [q | k | v]), and the gate and up projections too
+/// (rows [gate | up]).
 pub(super) struct LayerBufs {
     pub(super) attn_norm: DeviceBuf,
-    pub(super) q: DeviceBuf,
-    pub(super) k: DeviceBuf,
-    pub(super) v: DeviceBuf,
+    pub(super) qkv: DeviceBuf,
     pub(super) o: DeviceBuf,
     pub(super) mlp_norm: DeviceBuf,
-    pub(super) gate: DeviceBuf,
-    pub(super) up: DeviceBuf,
+    pub(super) gate_up: DeviceBuf,
     pub(super) down: DeviceBuf,
 }
 
@@ -176,6 +177,13 @@ impl CudaBackend {
         self.kernels.launch("add", self.dtype, elementwise(n), &[Arg::P(x), Arg::P(y), Arg::L(n as i64)])
     }
 
+    /// x += y, then out = RMSNorm(x) * w, over `n_rows` rows (one launch).
+    pub(super) fn add_rmsnorm(&self, x: u64, y: u64, w: u64, out: u64, n_rows: usize) -> Result<()> {
+        let h = self.config.hidden_size;
+        let args = [Arg::P(x), Arg::P(y), Arg::P(w), Arg::P(out), Arg::I(h as i32), Arg::F(self.config.rms_norm_eps)];
+        self.kernels.launch("add_rmsnorm", self.dtype, cfg((n_rows as u32, 1), 256, 0), &args)
+    }
+
     pub(super) fn rmsnorm(&self, x: u64, rows: u64, w: u64, out: u64, n_rows: usize) -> Result<()> {
         let h = self.config.hidden_size;
         let args =
@@ -281,13 +289,10 @@ impl Backend for CudaBackend {
             let name = |t: &str| format!("layer {l} {t}");
             layers.push(LayerBufs {
                 attn_norm: up(w.attn_norm, &name("input_layernorm"))?,
-                q: up(w.q, &name("q_proj"))?,
-                k: up(w.k, &name("k_proj"))?,
-                v: up(w.v, &name("v_proj"))?,
+                qkv: up(&[w.q, w.k, w.v].concat(), &name("q_proj, k_proj and v_proj"))?,
                 o: up(w.o, &name("o_proj"))?,
                 mlp_norm: up(w.mlp_norm, &name("post_attention_layernorm"))?,
-                gate: up(w.gate, &name("gate_proj"))?,
-                up: up(w.up, &name("up_proj"))?,
+                gate_up: up(&[w.gate, w.up].concat(), &name("gate_proj and up_proj"))?,
                 down: up(w.down, &name("down_proj"))?,
             });
         }
@@ -312,7 +317,12 @@ impl Backend for CudaBackend {
     }
 
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
-        self.forward_batch(batch)
+        let rows = self.forward_batch(batch, &[])?;
+        Ok(rows.into_iter().filter_map(|r| if let Logits::Row(r) = r { Some(r) } else { None }).collect())
+    }
+
+    fn forward_sampled(&mut self, batch: &ForwardBatch, greedy: &[bool]) -> Result<Vec<Logits>> {
+        self.forward_batch(batch, greedy)
     }
 
     fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>> {
@@ -387,10 +397,12 @@ mod tests {
 
     #[test]
     fn every_kernel_is_instantiated_for_both_types() {
-        for name in ["embed", "rmsnorm", "rope", "store_kv", "attention", "silu_mul", "copy_blocks", "gather_blocks"] {
-            for s in ["f32", "bf16"] {
-                assert!(super::super::kernels::SOURCE.contains(&format!("void {name}_##S")), "{name}_{s}");
-            }
+        for name in ["embed", "add_rmsnorm", "rope_store", "attention_decode_g8", "attention_prefill", "argmax_rows"] {
+            let source = super::super::kernels::SOURCE;
+            assert!(source.contains(&format!("void {name}_##S")), "{name}");
+        }
+        for ty in ["INSTANTIATE(float, f32)", "INSTANTIATE(bf16, bf16)", "INSTANTIATE_ATTENTION(bf16, bf16)"] {
+            assert!(super::super::kernels::SOURCE.contains(ty), "{ty}");
         }
         let tl = ModelConfig::preset("tinyllama-1.1b").unwrap();
         assert_eq!(weight_bytes(&tl, DType::Bf16) * 2, weight_bytes(&tl, DType::F32));

@@ -17,6 +17,10 @@ pub(super) struct Flat {
     pub(super) max_blocks: usize,
     pub(super) max_ctx: usize,
     pub(super) logit_rows: Vec<i32>,
+    /// For each logit row, the index of its chunk in the batch.
+    pub(super) logit_chunks: Vec<usize>,
+    /// Each chunk's first row and number of tokens.
+    pub(super) chunks: Vec<(usize, usize)>,
     /// (flattened row, f32 embedding row) for image placeholders.
     pub(super) embed_rows: Vec<i32>,
     pub(super) embed_data: Vec<f32>,
@@ -34,6 +38,8 @@ pub(super) fn flatten(batch: &ForwardBatch, c: &ModelConfig, bs: usize) -> Resul
         max_blocks,
         max_ctx: 1,
         logit_rows: Vec::new(),
+        logit_chunks: Vec::new(),
+        chunks: Vec::new(),
         embed_rows: Vec::new(),
         embed_data: Vec::new(),
     };
@@ -42,6 +48,7 @@ pub(super) fn flatten(batch: &ForwardBatch, c: &ModelConfig, bs: usize) -> Resul
             .iter_mut()
             .zip(&ch.block_table)
             .for_each(|(d, &b)| *d = b as i32);
+        f.chunks.push((f.tokens.len(), ch.tokens.len()));
         for (j, &tok) in ch.tokens.iter().enumerate() {
             if tok as usize >= c.vocab_size {
                 return Err(ModelError::Backend(format!("token id {tok} outside the vocabulary")));
@@ -66,6 +73,7 @@ pub(super) fn flatten(batch: &ForwardBatch, c: &ModelConfig, bs: usize) -> Resul
         }
         if ch.want_logits && !ch.tokens.is_empty() {
             f.logit_rows.push(f.tokens.len() as i32 - 1);
+            f.logit_chunks.push(ci);
         }
     }
     Ok(f)
@@ -102,6 +110,8 @@ mod tests {
         assert_eq!((f.max_blocks, f.max_ctx), (2, 18));
         assert_eq!(f.tables, vec![3, 9, 6, 0, 7, 0]);
         assert_eq!(f.logit_rows, vec![2, 3]);
+        assert_eq!(f.logit_chunks, vec![0, 1]);
+        assert_eq!(f.chunks, vec![(0, 3), (3, 1), (4, 4)]);
         assert_eq!(f.embed_rows, vec![5, 6]);
         assert_eq!(f.embed_data.len(), 2 * c.hidden_size);
     }

@@ -1,109 +1,130 @@
-//! The forward pass on the device: embeddings (image rows scattered in), then every layer
-//! (RMSNorm, QKV, RoPE, KV store by slot, paged attention, output projection, SwiGLU MLP, residuals)
-//! on one stream, the final norm and LM head for the rows that want logits, and those logits read
-//! back to the host. Activations and metadata live for the call only.
+//! The forward pass on the device: embeddings (image rows scattered in), the first norm, then every
+//! layer on one stream in nine launches or so: the fused QKV product, rotary positions and the KV
+//! store in one kernel, attention by the plan (decode, its split merge, prefill tiles), the output
+//! product, the residual add with the next norm, the fused gate-up product, SwiGLU, the down
+//! product, and the residual add with the next layer's norm. Then the final norm and LM head for
+//! the rows that want logits: a greedy row's argmax picked on the device (its token id is all that
+//! comes back), every other row read back whole. Activations and metadata live for the call only.
 
+use super::attention::{AttentionIo, AttentionMeta, AttentionPlan};
 use super::backend::{CudaBackend, DeviceKv, DeviceWeights};
 use super::batch::{flatten, Flat};
 use super::device::Category;
 use super::kernels::{cfg, elementwise, Arg};
-use crate::backend::ForwardBatch;
+use crate::backend::{ForwardBatch, Logits};
 use crate::error::{ModelError, Result};
 
+/// The pass's integer metadata packed into one upload: each section's offset in values.
+#[derive(Default)]
+struct Packed {
+    values: Vec<i32>,
+}
+
+impl Packed {
+    fn push(&mut self, section: &[i32]) -> usize {
+        let at = self.values.len();
+        self.values.extend_from_slice(section);
+        at
+    }
+}
+
 impl CudaBackend {
-    pub(super) fn forward_batch(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>> {
+    /// Computes `batch`; `greedy` (one per chunk, or empty: none) marks the rows whose argmax is
+    /// all the caller needs.
+    pub(super) fn forward_batch(&mut self, batch: &ForwardBatch, greedy: &[bool]) -> Result<Vec<Logits>> {
         let w = self.weights.as_ref().ok_or_else(|| ModelError::Backend("weights are released".into()))?;
         let kv = self.kv.as_ref().ok_or_else(|| ModelError::Backend("KV pool is released".into()))?;
         let c = &self.config;
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
         let (qd, kvd, inter, bs) = (c.q_dim(), c.kv_dim(), c.intermediate_size, kv.block_size);
         let dt = self.dtype;
-        let ws = |data: &[i32], what: &str| self.alloc.upload(Category::Workspace, data, what);
         self.copy_blocks(batch, kv, bs * kvd)?;
         let f = flatten(batch, c, bs)?;
         let t = f.tokens.len();
         if t == 0 {
             return Ok(Vec::new());
         }
-        let tokens = self.alloc.upload(Category::Workspace, &f.tokens, "token ids")?;
-        let positions = ws(&f.positions, "positions")?;
-        let tok_seq = ws(&f.tok_seq, "token owners")?;
-        let tables = ws(&f.tables, "block tables")?;
+        let plan = AttentionPlan::new(&f, c, bs)?;
+        let mut packed = Packed::default();
+        let tokens: Vec<i32> = f.tokens.iter().map(|&x| x as i32).collect();
+        let at = [
+            packed.push(&tokens),
+            packed.push(&f.positions),
+            packed.push(&f.tok_seq),
+            packed.push(&f.tables),
+            packed.push(&plan.decode_rows),
+            packed.push(&plan.tile_first),
+            packed.push(&plan.tile_len),
+        ];
+        let meta_buf = self.alloc.upload(Category::Workspace, &packed.values, "the pass's metadata")?;
+        let [tokens, positions, tok_seq, tables, decode_rows, tile_first, tile_len] =
+            at.map(|o| meta_buf.ptr() + 4 * o as u64);
         let slots = self.alloc.upload(Category::Workspace, &f.slots, "KV slots")?;
+        let part = self.split_states(&plan)?;
+        let meta = AttentionMeta {
+            tok_seq,
+            positions,
+            tables,
+            max_blocks: f.max_blocks,
+            decode_rows,
+            tile_first,
+            tile_len,
+            part: part.as_ref().map_or(0, |b| b.ptr()),
+        };
+        let qkv_len = qd + 2 * kvd;
         let x = self.act(t * h, "hidden states")?;
         let hn = self.act(t * h, "normed hidden states")?;
-        let q = self.act(t * qd, "queries")?;
-        let k = self.act(t * kvd, "keys")?;
-        let v = self.act(t * kvd, "values")?;
+        let qkv = self.act(t * qkv_len, "queries, keys and values")?;
         let attn = self.act(t * qd, "attention output")?;
         let tmp = self.act(t * h, "projection output")?;
-        let gate = self.act(t * inter, "gate")?;
-        let upb = self.act(t * inter, "up")?;
-        let threads = h.min(1024) as u32;
+        let gate_up = self.act(t * 2 * inter, "gate and up")?;
+        let act = self.act(t * inter, "SwiGLU output")?;
         let rows = (t as u32, 1);
         self.kernels.launch(
             "embed",
             dt,
-            cfg(rows, threads, 0),
-            &[Arg::P(w.embed.ptr()), Arg::P(tokens.ptr()), Arg::P(x.ptr()), Arg::I(h as i32)],
+            cfg(rows, h.min(1024) as u32, 0),
+            &[Arg::P(w.embed.ptr()), Arg::P(tokens), Arg::P(x.ptr()), Arg::I(h as i32)],
         )?;
-        self.set_image_rows(&f, x.ptr(), h, threads)?;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let attn_shared = attention_shared_bytes(hd, f.max_ctx, ATTENTION_THREADS)?;
+        self.set_image_rows(&f, x.ptr(), h)?;
+        self.rmsnorm(x.ptr(), 0, w.layers[0].attn_norm.ptr(), hn.ptr(), t)?;
         for (l, lw) in w.layers.iter().enumerate() {
-            self.rmsnorm(x.ptr(), 0, lw.attn_norm.ptr(), hn.ptr(), t)?;
-            self.linear(hn.ptr(), lw.q.ptr(), q.ptr(), t, h, qd)?;
-            self.linear(hn.ptr(), lw.k.ptr(), k.ptr(), t, h, kvd)?;
-            self.linear(hn.ptr(), lw.v.ptr(), v.ptr(), t, h, kvd)?;
-            for (buf, heads) in [(&q, nh), (&k, nkv)] {
-                self.rope(buf.ptr(), positions.ptr(), w.inv_freq.ptr(), heads, hd, t)?;
-            }
+            self.linear(hn.ptr(), lw.qkv.ptr(), qkv.ptr(), t, h, qkv_len)?;
             let args = [
-                Arg::P(k.ptr()),
-                Arg::P(v.ptr()),
+                Arg::P(qkv.ptr()),
+                Arg::P(positions),
+                Arg::P(w.inv_freq.ptr()),
                 Arg::P(kv.k[l].ptr()),
                 Arg::P(kv.v[l].ptr()),
                 Arg::P(slots.ptr()),
-                Arg::I(kvd as i32),
-            ];
-            self.kernels.launch("store_kv", dt, cfg(rows, kvd as u32, 0), &args)?;
-            let args = [
-                Arg::P(q.ptr()),
-                Arg::P(kv.k[l].ptr()),
-                Arg::P(kv.v[l].ptr()),
-                Arg::P(attn.ptr()),
-                Arg::P(tok_seq.ptr()),
-                Arg::P(positions.ptr()),
-                Arg::P(tables.ptr()),
-                Arg::I(f.max_blocks as i32),
-                Arg::I(bs as i32),
                 Arg::I(nh as i32),
                 Arg::I(nkv as i32),
                 Arg::I(hd as i32),
-                Arg::F(scale),
             ];
-            self.kernels.launch(
-                "attention",
-                dt,
-                cfg((t as u32, nh as u32), ATTENTION_THREADS as u32, attn_shared),
-                &args,
-            )?;
+            self.kernels.launch("rope_store", dt, cfg(rows, ((nh + nkv) * hd / 2) as u32, 0), &args)?;
+            let io = AttentionIo {
+                qkv: qkv.ptr(),
+                qkv_stride: qkv_len,
+                k_cache: kv.k[l].ptr(),
+                v_cache: kv.v[l].ptr(),
+                out: attn.ptr(),
+            };
+            self.attention(&plan, &meta, &io)?;
             self.linear(attn.ptr(), lw.o.ptr(), tmp.ptr(), t, qd, h)?;
-            self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
-            self.rmsnorm(x.ptr(), 0, lw.mlp_norm.ptr(), hn.ptr(), t)?;
-            self.linear(hn.ptr(), lw.gate.ptr(), gate.ptr(), t, h, inter)?;
-            self.linear(hn.ptr(), lw.up.ptr(), upb.ptr(), t, h, inter)?;
+            self.add_rmsnorm(x.ptr(), tmp.ptr(), lw.mlp_norm.ptr(), hn.ptr(), t)?;
+            self.linear(hn.ptr(), lw.gate_up.ptr(), gate_up.ptr(), t, h, 2 * inter)?;
             let n = (t * inter) as i64;
-            self.kernels.launch(
-                "silu_mul",
-                dt,
-                elementwise(t * inter),
-                &[Arg::P(gate.ptr()), Arg::P(upb.ptr()), Arg::P(gate.ptr()), Arg::L(n)],
-            )?;
-            self.linear(gate.ptr(), lw.down.ptr(), tmp.ptr(), t, inter, h)?;
-            self.residual_add(x.ptr(), tmp.ptr(), t * h)?;
+            let args = [Arg::P(gate_up.ptr()), Arg::P(act.ptr()), Arg::I(inter as i32), Arg::L(n)];
+            self.kernels.launch("silu_mul", dt, elementwise(t * inter), &args)?;
+            self.linear(act.ptr(), lw.down.ptr(), tmp.ptr(), t, inter, h)?;
+            match w.layers.get(l + 1) {
+                Some(next) => self.add_rmsnorm(x.ptr(), tmp.ptr(), next.attn_norm.ptr(), hn.ptr(), t)?,
+                None => self.residual_add(x.ptr(), tmp.ptr(), t * h)?,
+            }
         }
-        self.logits(x.ptr(), w, &f.logit_rows, h, c.vocab_size)
+        let greedy_rows: Vec<bool> =
+            f.logit_chunks.iter().map(|&ci| greedy.get(ci).copied().unwrap_or(false)).collect();
+        self.logits(x.ptr(), w, &f.logit_rows, &greedy_rows)
     }
 
     /// Copy-on-write: each (src, dst) pair of the batch's block copies, `block_elems` values of
@@ -120,7 +141,7 @@ impl CudaBackend {
     }
 
     /// Image placeholders' rows of the hidden states `x` set to the encoder's embeddings.
-    fn set_image_rows(&self, f: &Flat, x: u64, h: usize, threads: u32) -> Result<()> {
+    fn set_image_rows(&self, f: &Flat, x: u64, h: usize) -> Result<()> {
         if f.embed_rows.is_empty() {
             return Ok(());
         }
@@ -130,21 +151,16 @@ impl CudaBackend {
         self.kernels.launch(
             "set_rows",
             self.dtype,
-            cfg(grid, threads, 0),
+            cfg(grid, h.min(1024) as u32, 0),
             &[Arg::P(x), Arg::P(ed.ptr()), Arg::P(er.ptr()), Arg::I(h as i32)],
         )
     }
 
-    /// Rotary positions applied in place to `t` rows of `heads` heads of `hd` dimensions.
-    fn rope(&self, buf: u64, positions: u64, inv_freq: u64, heads: usize, hd: usize, t: usize) -> Result<()> {
-        let args = [Arg::P(buf), Arg::P(positions), Arg::P(inv_freq), Arg::I(heads as i32), Arg::I(hd as i32)];
-        self.kernels.launch("rope", self.dtype, cfg((t as u32, 1), (heads * hd / 2) as u32, 0), &args)
-    }
-
-    /// The final norm and LM head for the rows of `x` that want logits, read back to the host as
-    /// f32, a vector of `vocab` per row (none, after the stream finished, where no row wants any).
-    fn logits(&self, x: u64, w: &DeviceWeights, logit_rows: &[i32], h: usize, vocab: usize) -> Result<Vec<Vec<f32>>> {
-        let dt = self.dtype;
+    /// The final norm and LM head for the rows of `x` that want logits. Greedy rows answer with
+    /// their argmax, picked on the device; the others are read back to the host as f32 (only when
+    /// some row needs it). Nothing is computed, after the stream finished, where no row wants any.
+    fn logits(&self, x: u64, w: &DeviceWeights, logit_rows: &[i32], greedy: &[bool]) -> Result<Vec<Logits>> {
+        let (dt, h, vocab) = (self.dtype, self.config.hidden_size, self.config.vocab_size);
         let r = logit_rows.len();
         if r == 0 {
             self.synchronize()?;
@@ -155,49 +171,27 @@ impl CudaBackend {
         self.rmsnorm(x, lr.ptr(), w.final_norm.ptr(), normed.ptr(), r)?;
         let logits = self.act(r * vocab, "logits")?;
         self.linear(normed.ptr(), w.lm_head.ptr(), logits.ptr(), r, h, vocab)?;
-        let out = self.alloc.alloc(Category::Staging, r * vocab * 4, "logits for the host")?;
-        self.kernels.launch(
-            "to_f32",
-            dt,
-            elementwise(r * vocab),
-            &[Arg::P(logits.ptr()), Arg::P(out.ptr()), Arg::L((r * vocab) as i64)],
-        )?;
-        let host: Vec<f32> = out.read(r * vocab)?;
-        Ok(host.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
-    }
-}
-
-/// Threads of an attention block: for a head of 64 dimensions, four groups that each sum a quarter
-/// of the positions (kernels.cu's `attention`). A multiple of the warp.
-const ATTENTION_THREADS: usize = 256;
-
-/// Shared memory a block may use without opting in to more (every CUDA device since 2.0).
-const SHARED_BYTES_LIMIT: usize = 48 * 1024;
-
-/// The attention kernel's dynamic shared memory for contexts up to `max_ctx` positions: the query
-/// (`hd` floats), a score and a cache slot per position, and `hd` partial sums per position group.
-fn attention_shared_bytes(hd: usize, max_ctx: usize, threads: usize) -> Result<u32> {
-    let groups = (threads / hd).max(1);
-    let bytes = 4 * (hd + 2 * max_ctx + groups * hd);
-    if bytes > SHARED_BYTES_LIMIT {
-        return Err(ModelError::Backend(format!(
-            "attention over {max_ctx} positions needs {bytes} bytes of shared memory per block, more than the {SHARED_BYTES_LIMIT} a block gets"
-        )));
-    }
-    Ok(bytes as u32)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn attention_shared_memory_covers_its_layout_and_refuses_past_the_limit() {
-        // TinyLlama: 64-dimension heads, 2,048 positions, 4 groups of 64 threads.
-        assert_eq!(attention_shared_bytes(64, 2048, 256).unwrap(), 4 * (64 + 4096 + 256));
-        // Fewer threads than dimensions: one group.
-        assert_eq!(attention_shared_bytes(128, 10, 32).unwrap(), 4 * (128 + 20 + 128));
-        let err = attention_shared_bytes(64, 8192, 256).unwrap_err().to_string();
-        assert!(err.contains("8192 positions"), "{err}");
+        let ids: Vec<u32> = if greedy.iter().any(|&g| g) {
+            let ids = self.alloc.alloc(Category::Staging, r * 4, "greedy token ids")?;
+            let args = [Arg::P(logits.ptr()), Arg::P(ids.ptr()), Arg::I(vocab as i32)];
+            self.kernels.launch("argmax_rows", dt, cfg((r as u32, 1), 1024, 0), &args)?;
+            ids.read(r)?
+        } else {
+            Vec::new()
+        };
+        let rows: Vec<f32> = if greedy.iter().all(|&g| g) {
+            Vec::new()
+        } else {
+            let out = self.alloc.alloc(Category::Staging, r * vocab * 4, "logits for the host")?;
+            let args = [Arg::P(logits.ptr()), Arg::P(out.ptr()), Arg::L((r * vocab) as i64)];
+            self.kernels.launch("to_f32", dt, elementwise(r * vocab), &args)?;
+            out.read(r * vocab)?
+        };
+        Ok((0..r)
+            .map(|i| match greedy[i] {
+                true => Logits::Argmax(ids[i]),
+                false => Logits::Row(rows[i * vocab..(i + 1) * vocab].to_vec()),
+            })
+            .collect())
     }
 }

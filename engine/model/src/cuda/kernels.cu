@@ -58,93 +58,55 @@ template <typename T> __device__ void rmsnorm(const T* x, const int* rows, const
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) st(out, o + i, ld(x, in + i) * r * ld(w, i));
 }
 
-// Rotate-half rotary embedding in place on `heads` heads of each token's row.
-template <typename T> __device__ void rope(T* x, const int* pos, const float* inv_freq, int heads, int hd) {
-    int half = hd / 2;
-    long long base = (long long)blockIdx.x * heads * hd;
-    float p = (float)pos[blockIdx.x];
-    for (int j = threadIdx.x; j < heads * half; j += blockDim.x) {
-        int h = j / half, i = j % half;
+// The residual add and the next norm in one pass: x[r] += y[r], then out[r] = x[r] / rms(x[r]) * w
+// (the sum as stored, rounded to T, is what is normed, as two launches would have it). One block per
+// row; each thread reads back only what it wrote.
+template <typename T> __device__ void add_rmsnorm(T* x, const T* y, const T* w, T* out, int hidden, float eps) {
+    const long long o = (long long)blockIdx.x * hidden;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+        st(x, o + i, ld(x, o + i) + ld(y, o + i));
+        const float v = ld(x, o + i);
+        ss += v * v;
+    }
+    const float r = 1.0f / sqrtf(block_reduce(ss, false) / hidden + eps);
+    for (int i = threadIdx.x; i < hidden; i += blockDim.x) st(out, o + i, ld(x, o + i) * r * ld(w, i));
+}
+
+// One block per token of the fused projection's rows [q (nh heads) | k (nkv heads) | v]: rotary
+// positions (rotate-half) applied to the query heads in place and to the key heads on their way
+// into the cache slot; the value row copied to the cache. Replaces three launches (rope of q, rope
+// of k, the KV store).
+template <typename T> __device__ void rope_store(T* qkv, const int* pos, const float* inv_freq, T* kc, T* vc,
+                                                 const long long* slots, int nh, int nkv, int hd) {
+    const int half = hd / 2, kvd = nkv * hd;
+    const long long row = (long long)blockIdx.x * (nh + 2 * nkv) * hd, dst = slots[blockIdx.x] * kvd;
+    const float p = (float)pos[blockIdx.x];
+    for (int j = threadIdx.x; j < (nh + nkv) * half; j += blockDim.x) {
+        const int h = j / half, i = j % half;
         float s, c;
         sincosf(p * inv_freq[i], &s, &c);
-        long long a = base + (long long)h * hd + i, b = a + half;
-        float va = ld(x, a), vb = ld(x, b);
-        st(x, a, va * c - vb * s);
-        st(x, b, vb * c + va * s);
-    }
-}
-
-// Writes each token's K and V rows into its cache slot. One block per token.
-template <typename T> __device__ void store_kv(const T* k, const T* v, T* kc, T* vc, const long long* slots, int kvd) {
-    long long src = (long long)blockIdx.x * kvd, dst = slots[blockIdx.x] * kvd;
-    for (int i = threadIdx.x; i < kvd; i += blockDim.x) { st(kc, dst + i, ld(k, src + i)); st(vc, dst + i, ld(v, src + i)); }
-}
-
-// Paged attention over block tables, one block per (query token, query head): the token attends
-// to positions 0..=pos of its sequence. Serves prefill chunks and decode (a one-token chunk) alike.
-// Dynamic shared memory (attention_shared_bytes in forward.rs): hd floats of query, max_ctx
-// scores, max_ctx cache slots, then hd partial sums for each of the block's position groups.
-// Scores: each thread takes positions tid, tid + blockDim, ... and finds each one's slot once.
-// Weighted sum: the block's threads form groups of hd threads (one thread per dimension); group s
-// sums positions s, s + groups, ... with no load waiting on another, and group 0 adds the groups'
-// partial sums in a fixed order (deterministic). With fewer threads than hd, one group loops over
-// the dimensions.
-template <typename T> __device__ void attention(const T* q, const T* kc, const T* vc, T* out, const int* tok_seq,
-                                                const int* tok_pos, const int* tables, int max_blocks, int bs, int nh,
-                                                int nkv, int hd, float scale) {
-#ifndef PLATEAU_EMULATED
-    extern __shared__ float smem[];
-#else
-    float* smem = plateau_emulated_smem; // engine/tests/kernels_emulated: the host emulation
-#endif
-    int t = blockIdx.x, h = blockIdx.y, g = h / (nh / nkv);
-    int seq = tok_seq[t], n_ctx = tok_pos[t] + 1, kvd = nkv * hd;
-    int groups = blockDim.x >= hd ? blockDim.x / hd : 1;
-    float* qs = smem;
-    float* scores = qs + hd;
-    int* slots = (int*)(scores + n_ctx);
-    float* partial = (float*)(slots + n_ctx);
-    const int* table = tables + (long long)seq * max_blocks;
-    long long qoff = (long long)t * nh * hd + (long long)h * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = ld(q, qoff + d);
-    __syncthreads();
-    float local_max = -PLATEAU_INF;
-    for (int p = threadIdx.x; p < n_ctx; p += blockDim.x) {
-        int slot = table[p / bs] * bs + p % bs;
-        slots[p] = slot;
-        long long koff = (long long)slot * kvd + (long long)g * hd;
-        float s = 0.0f;
-        for (int d = 0; d < hd; ++d) s += qs[d] * ld(kc, koff + d);
-        s *= scale;
-        scores[p] = s;
-        local_max = fmaxf(local_max, s);
-    }
-    float m = block_reduce(local_max, true);
-    float local_sum = 0.0f;
-    for (int p = threadIdx.x; p < n_ctx; p += blockDim.x) { float e = expf(scores[p] - m); scores[p] = e; local_sum += e; }
-    float inv = 1.0f / block_reduce(local_sum, false);
-    __syncthreads();
-    int group = (int)threadIdx.x / hd;
-    if (group < groups) {
-        for (int d = (int)threadIdx.x % hd; d < hd; d += (blockDim.x >= hd ? hd : blockDim.x)) {
-            float acc = 0.0f;
-            for (int p = group; p < n_ctx; p += groups)
-                acc += scores[p] * ld(vc, (long long)slots[p] * kvd + (long long)g * hd + d);
-            partial[group * hd + d] = acc;
+        const long long a = row + (long long)h * hd + i;
+        const float va = ld(qkv, a), vb = ld(qkv, a + half);
+        const float ra = va * c - vb * s, rb = vb * c + va * s;
+        if (h < nh) {
+            st(qkv, a, ra);
+            st(qkv, a + half, rb);
+        } else {
+            const long long o = dst + (long long)(h - nh) * hd + i;
+            st(kc, o, ra);
+            st(kc, o + half, rb);
         }
     }
-    __syncthreads();
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int s = 0; s < groups; ++s) acc += partial[s * hd + d];
-        st(out, qoff + d, acc * inv);
-    }
+    for (int i = threadIdx.x; i < kvd; i += blockDim.x) st(vc, dst + i, ld(qkv, row + (long long)(nh + nkv) * hd + i));
 }
 
-template <typename T> __device__ void silu_mul(const T* gate, const T* up, T* out, long long n) {
+// out[r][i] = silu(gate) * up over rows of the fused projection [gate | up] (`inter` each).
+template <typename T> __device__ void silu_mul(const T* gate_up, T* out, int inter, long long n) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float g = ld(gate, i);
-        st(out, i, g / (1.0f + expf(-g)) * ld(up, i));
+        const long long at = i / inter * 2 * inter + i % inter;
+        const float g = ld(gate_up, at);
+        st(out, i, g / (1.0f + expf(-g)) * ld(gate_up, at + inter));
     }
 }
 
@@ -184,14 +146,45 @@ template <typename T> __device__ void from_f32(const float* x, T* out, long long
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) st(out, i, x[i]);
 }
 
+// Greedy sampling on the device: ids[r] = the host sampler's argmax of logits row r (the lowest id
+// among the largest values; a NaN never wins, and a NaN at id 0 answers 0, as the host's scan
+// does). One block per row; the block's candidates meet in a fixed pairwise order.
+template <typename T> __device__ void argmax_rows(const T* logits, unsigned int* ids, int vocab) {
+    __shared__ float best_v[1024];
+    __shared__ int best_i[1024];
+    const long long row = (long long)blockIdx.x * vocab;
+    float bv = -PLATEAU_INF;
+    int bi = -1;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        const float v = ld(logits, row + i);
+        if (v == v && (bi < 0 || v > bv)) { bv = v; bi = i; }
+    }
+    best_v[threadIdx.x] = bv;
+    best_i[threadIdx.x] = bi;
+    __syncthreads();
+    for (unsigned int stride = 1; stride < blockDim.x; stride *= 2) {
+        const unsigned int i = threadIdx.x;
+        if (i % (2 * stride) == 0 && i + stride < blockDim.x) {
+            const float v = best_v[i + stride];
+            const int j = best_i[i + stride];
+            if (j >= 0 && (best_i[i] < 0 || v > best_v[i] || (v == best_v[i] && j < best_i[i]))) { best_v[i] = v; best_i[i] = j; }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const float first = ld(logits, row);
+        ids[blockIdx.x] = (first != first || best_i[0] < 0) ? 0u : (unsigned int)best_i[0];
+    }
+}
+
 #define INSTANTIATE(T, S) \
 extern "C" __global__ void embed_##S(const T* table, const unsigned int* tokens, T* out, int hidden) { embed<T>(table, tokens, out, hidden); } \
 extern "C" __global__ void set_rows_##S(T* x, const float* src, const int* rows, int hidden) { set_rows<T>(x, src, rows, hidden); } \
 extern "C" __global__ void rmsnorm_##S(const T* x, const int* rows, const T* w, T* out, int hidden, float eps) { rmsnorm<T>(x, rows, w, out, hidden, eps); } \
-extern "C" __global__ void rope_##S(T* x, const int* pos, const float* inv_freq, int heads, int hd) { rope<T>(x, pos, inv_freq, heads, hd); } \
-extern "C" __global__ void store_kv_##S(const T* k, const T* v, T* kc, T* vc, const long long* slots, int kvd) { store_kv<T>(k, v, kc, vc, slots, kvd); } \
-extern "C" __global__ void attention_##S(const T* q, const T* kc, const T* vc, T* out, const int* tok_seq, const int* tok_pos, const int* tables, int max_blocks, int bs, int nh, int nkv, int hd, float scale) { attention<T>(q, kc, vc, out, tok_seq, tok_pos, tables, max_blocks, bs, nh, nkv, hd, scale); } \
-extern "C" __global__ void silu_mul_##S(const T* g, const T* u, T* out, long long n) { silu_mul<T>(g, u, out, n); } \
+extern "C" __global__ void add_rmsnorm_##S(T* x, const T* y, const T* w, T* out, int hidden, float eps) { add_rmsnorm<T>(x, y, w, out, hidden, eps); } \
+extern "C" __global__ void rope_store_##S(T* qkv, const int* pos, const float* inv_freq, T* kc, T* vc, const long long* slots, int nh, int nkv, int hd) { rope_store<T>(qkv, pos, inv_freq, kc, vc, slots, nh, nkv, hd); } \
+extern "C" __global__ void silu_mul_##S(const T* gate_up, T* out, int inter, long long n) { silu_mul<T>(gate_up, out, inter, n); } \
+extern "C" __global__ void argmax_rows_##S(const T* logits, unsigned int* ids, int vocab) { argmax_rows<T>(logits, ids, vocab); } \
 extern "C" __global__ void add_##S(T* x, const T* y, long long n) { add<T>(x, y, n); } \
 extern "C" __global__ void copy_blocks_##S(const u64* bases, const int* pairs, int block_elems) { copy_blocks<T>(bases, pairs, block_elems); } \
 extern "C" __global__ void gather_blocks_##S(const u64* bases, const int* blocks, int n_blocks, int block_elems, float* staging) { gather_blocks<T>(bases, blocks, n_blocks, block_elems, staging); } \

@@ -1,5 +1,5 @@
-//! The project's CUDA kernels (`kernels.cu`), compiled with NVRTC for the device's architecture
-//! when a CUDA backend starts, and launched by name and element type.
+//! The project's CUDA kernels (`kernels.cu`, then `attention.cu`, one source), compiled with NVRTC
+//! for the device's architecture when a CUDA backend starts, and launched by name and element type.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,16 +11,23 @@ use super::device::driver_err;
 use super::DType;
 use crate::error::{ModelError, Result};
 
-pub const SOURCE: &str = include_str!("kernels.cu");
+pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("attention.cu"));
 
-const NAMES: [&str; 13] = [
+const NAMES: [&str; 20] = [
     "embed",
     "set_rows",
     "rmsnorm",
-    "rope",
-    "store_kv",
-    "attention",
+    "add_rmsnorm",
+    "rope_store",
+    "attention_decode_g1",
+    "attention_decode_g2",
+    "attention_decode_g4",
+    "attention_decode_g8",
+    "attention_decode_g16",
+    "attention_combine",
+    "attention_prefill",
     "silu_mul",
+    "argmax_rows",
     "add",
     "copy_blocks",
     "gather_blocks",
@@ -48,12 +55,12 @@ impl Kernels {
         let (major, minor) = ctx.compute_capability().map_err(driver_err)?;
         let opts = CompileOptions {
             options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-            name: Some("kernels.cu".into()),
+            name: Some("kernels.cu+attention.cu".into()),
             ..Default::default()
         };
         let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| match e {
             CompileError::CompileError { log, .. } => ModelError::Backend(format!(
-                "NVRTC could not compile engine/model/src/cuda/kernels.cu:\n{}",
+                "NVRTC could not compile engine/model/src/cuda/kernels.cu and attention.cu:\n{}",
                 log.to_string_lossy()
             )),
             other => ModelError::Backend(format!("NVRTC failed on kernels.cu: {other:?}")),

@@ -127,10 +127,8 @@ fn growth_the_sites_do_not_explain_is_not_accepted_with_the_known_site() {
 fn a_process_listing_one_layer_passes_on_the_rate_its_accepted_sites_keep_counted_once() {
     let native = "(native code without symbols, on a thread memray knows no name of)";
     let torch = "torch/_ops.py:865 __call__";
-    let text = format!(
-        "[[known]]\nprocess = \"worker\"\nsite = 'torch/_ops'\nmax_per_request = \"16KiB\"\nreason = \"kernels per shape\"\nuntil = \"2999-01-01\"\n\n[[known]]\nprocess = \"*\"\nsite = '^\\(native code'\nmax_per_request = \"256B\"\nreason = \"native\"\nuntil = \"2999-01-01\"\n"
-    );
-    let k = parse(&text, "k.toml", ON).unwrap();
+    let text = "[[known]]\nprocess = \"worker\"\nsite = 'torch/_ops'\nmax_per_request = \"16KiB\"\nreason = \"kernels per shape\"\nuntil = \"2999-01-01\"\n\n[[known]]\nprocess = \"*\"\nsite = '^\\(native code'\nmax_per_request = \"256B\"\nreason = \"native\"\nuntil = \"2999-01-01\"\n";
+    let k = parse(text, "k.toml", ON).unwrap();
     let mut m = vec![
         gauge(
             "target.worker.malloc.in_use_bytes",

@@ -1,0 +1,92 @@
+// The CUDA built-ins kernels.cu and attention.cu use, as plain C++ on the host: a block's threads
+// are OS threads meeting at a barrier for __syncthreads, a warp's lanes meet at their own barrier
+// for each shuffle, and blocks run one after another (a barrier between them keeps shared memory
+// of one block from being written while the last one still reads it). The warp size is the
+// harness's choice: the largest power of two up to 32 that divides the block, so the kernels'
+// warp code runs at every block size the tests use (on a device it is always 32).
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static
+using std::min;
+struct Dim { unsigned int x, y, z; };
+static thread_local Dim threadIdx{0, 0, 0}, blockIdx{0, 0, 0};
+static Dim blockDim{1, 1, 1}, gridDim{1, 1, 1};
+static unsigned warpSize = 1;
+// A barrier that yields while it waits: the blocks' threads far outnumber the cores, and a waiter
+// that sleeps in the kernel costs more than one that hands its core on.
+class Barrier {
+  const unsigned n_;
+  std::atomic<unsigned> waiting_{0}, phase_{0};
+ public:
+  explicit Barrier(unsigned n) : n_(n) {}
+  void arrive_and_wait() {
+    const unsigned phase = phase_.load(std::memory_order_acquire);
+    if (waiting_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      waiting_.store(0, std::memory_order_relaxed);
+      phase_.store(phase + 1, std::memory_order_release);
+      return;
+    }
+    while (phase_.load(std::memory_order_acquire) == phase) std::this_thread::yield();
+  }
+};
+static std::unique_ptr<Barrier> block_barrier;
+static std::vector<std::unique_ptr<Barrier>> warp_barriers;
+static float shuffle_slots[1024];
+inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
+inline unsigned int __float_as_uint(float f) { unsigned int u; memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+inline void __syncthreads() { if (blockDim.x > 1) block_barrier->arrive_and_wait(); }
+inline void sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  if (warpSize == 1) return v;
+  const unsigned t = threadIdx.x, lane = t % warpSize;
+  if ((unsigned)lane_mask >= warpSize) { fprintf(stderr, "shuffle past the warp: %d\n", lane_mask); std::abort(); }
+  auto& b = *warp_barriers[t / warpSize];
+  shuffle_slots[t] = v;
+  b.arrive_and_wait();
+  const float r = shuffle_slots[t - lane + (lane ^ (unsigned)lane_mask)];
+  b.arrive_and_wait();
+  return r;
+}
+static float plateau_emulated_smem[1 << 17];
+#define PLATEAU_EMULATED
+
+static unsigned THREADS = 1;
+inline unsigned warp_for(unsigned threads) {
+  unsigned w = 32;
+  while (threads % w) w /= 2;
+  return w;
+}
+// Runs f as a launch of gx * gy * gz blocks of THREADS threads.
+template <class F> void launch(unsigned gx, unsigned gy, unsigned gz, F f) {
+  gridDim = {gx, gy, gz};
+  blockDim = {THREADS, 1, 1};
+  warpSize = warp_for(THREADS);
+  block_barrier = std::make_unique<Barrier>(THREADS);
+  warp_barriers.clear();
+  for (unsigned w = 0; w < THREADS / warpSize; ++w) warp_barriers.push_back(std::make_unique<Barrier>(warpSize));
+  auto body = [&](unsigned t) {
+    threadIdx = {t, 0, 0};
+    for (unsigned z = 0; z < gz; ++z)
+      for (unsigned y = 0; y < gy; ++y)
+        for (unsigned x = 0; x < gx; ++x) {
+          blockIdx = {x, y, z};
+          f();
+          __syncthreads();
+        }
+  };
+  if (THREADS == 1) { body(0); return; }
+  std::vector<std::thread> ts;
+  for (unsigned t = 0; t < THREADS; ++t) ts.emplace_back(body, t);
+  for (auto& th : ts) th.join();
+}
+template <class F> void launch(unsigned gx, unsigned gy, F f) { launch(gx, gy, 1, f); }
