@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA kernels compiled here, without a GPU, as the backend compiles them on a device: NVRTC
-# (from NVIDIA's nvidia-cuda-nvrtc wheel) turns kernels.cu + attention.cu into PTX for compute_90,
+# (from NVIDIA's nvidia-cuda-nvrtc wheel) turns kernels.cu, attention.cu and sampling.cu into PTX for compute_90,
 # then ptxas (nvidia-cuda-nvcc wheel) into sm_90 code, reporting each kernel's registers and
 # spills. Fails on a compile error, a missing kernel, or a spill in a kernel that must keep its
 # state in registers (the decode attention). The wheels (about 100 MB) are fetched once into
@@ -29,10 +29,10 @@ chmod +x "$PTXAS"
 LD_LIBRARY_PATH="$(dirname "$NVRTC")" python3 - "$NVRTC" "$OUT/kernels.ptx" <<'PY' || exit 1
 import ctypes, re, sys
 lib = ctypes.CDLL(sys.argv[1])
-names = ["engine/model/src/cuda/kernels.cu", "engine/model/src/cuda/attention.cu"]
+names = ["engine/model/src/cuda/kernels.cu", "engine/model/src/cuda/attention.cu", "engine/model/src/cuda/sampling.cu"]
 src = "".join(open(n).read() for n in names)
 prog = ctypes.c_void_p()
-assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"kernels.cu+attention.cu", 0, None, None) == 0
+assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"kernels.cu+attention.cu+sampling.cu", 0, None, None) == 0
 opts = (ctypes.c_char_p * 1)(b"--gpu-architecture=compute_90")
 rc = lib.nvrtcCompileProgram(prog, 1, opts)
 n = ctypes.c_size_t()
@@ -69,7 +69,7 @@ for name, body in re.findall(r"Compiling entry function '(\w+)' for 'sm_90'\n(.*
     if name.startswith("attention_decode") and spill != 0:
         bad.append(f"{name} spills {spill} bytes")
 for name, regs, spill in sorted(rows):
-    if name.startswith("attention") or name.startswith("argmax"):
+    if name.startswith(("attention", "argmax", "sample")):
         print(f"  {name:<28} {regs:>4} registers, {spill} bytes spilled")
 if bad:
     print("kernels-compile: " + "; ".join(bad), file=sys.stderr)

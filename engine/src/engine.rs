@@ -13,7 +13,7 @@ use crate::encoder_cache::EncoderCache;
 use crate::error::Result;
 use crate::kv_manager::KvManager;
 use crate::metrics::{self, Counters, IdleViolation, Sources};
-use crate::model::backend::{Backend, Logits};
+use crate::model::backend::{Backend, Logits, RowSampling};
 use crate::model::config::ModelConfig;
 use crate::model_runner::ModelRunner;
 use crate::output::{Ctx, OutputProcessor};
@@ -167,9 +167,9 @@ impl Engine {
             if !chunks.is_empty() {
                 let batch = ModelRunner::build_batch(&chunks, sched.copies, &self.store, &self.kv, &self.encoder);
                 self.counters.block_copies += batch.copies.len() as u64;
-                let greedy = ModelRunner::greedy_rows(&chunks, &self.store);
-                let logits = self.runner.forward(&batch, &greedy)?;
-                self.process(&chunks, logits);
+                let sampling = ModelRunner::plan_sampling(&chunks, &mut self.store);
+                let logits = self.runner.forward(&batch, &sampling)?;
+                self.process(&chunks, logits, &sampling);
             }
             self.sync_queues();
         }
@@ -215,9 +215,9 @@ impl Engine {
     }
 
     /// The output processor's share of a step; then image references no longer needed go back.
-    fn process(&mut self, chunks: &[Chunk], logits: Vec<Logits>) {
+    fn process(&mut self, chunks: &[Chunk], logits: Vec<Logits>, sampling: &[RowSampling]) {
         let (output, mut cx) = self.parts();
-        output.apply(&mut cx, chunks, logits);
+        output.apply(&mut cx, chunks, logits, sampling);
         let mut touched: Vec<RequestId> =
             chunks.iter().filter_map(|c| cx.store.seqs.get(&c.seq).map(|s| s.request)).collect();
         touched.dedup();

@@ -10,8 +10,9 @@ use crate::block_pool::BlockId;
 use crate::encoder_cache::EncoderCache;
 use crate::error::Result;
 use crate::kv_manager::{BlockCopy, KvManager};
-use crate::model::backend::{Backend, ForwardBatch, Logits, SeqChunk};
+use crate::model::backend::{Backend, Draw, ForwardBatch, Logits, RowSampling, SeqChunk};
 use crate::model::weights::WeightSource;
+use crate::sampler;
 use crate::scheduler::{Chunk, EncodeJob};
 use crate::store::RequestStore;
 
@@ -75,22 +76,35 @@ impl ModelRunner {
         ForwardBatch { copies, chunks }
     }
 
-    /// For each chunk: whether its row is sampled greedily (temperature 0). A sequence whose request
-    /// is gone (an orphan of an abort) samples with the defaults, so its row is never greedy here.
-    pub fn greedy_rows(chunks: &[Chunk], store: &RequestStore) -> Vec<bool> {
+    /// How each chunk's row is sampled, for a backend that samples on the device: greedily, or
+    /// with one draw taken here from the sequence's RNG (the draw `sampler::sample` would take
+    /// after the pass, in the same order), where exactly one sequence samples the row with its
+    /// request's parameters. A row sampled more than once (an n > 1 request's first token, taken
+    /// by every sequence it forks into) or by an orphan of an abort (the defaults) stays a row.
+    pub fn plan_sampling(chunks: &[Chunk], store: &mut RequestStore) -> Vec<RowSampling> {
         chunks
             .iter()
             .map(|c| {
                 let request = store.seq(c.seq).request;
-                store.requests.get(&request).is_some_and(|r| r.params.temperature == 0.0)
+                let Some(r) = store.requests.get(&request) else { return RowSampling::Row };
+                let p = &r.params;
+                if !c.want_logits || (!r.forked && p.n > 1) {
+                    RowSampling::Row
+                } else if p.temperature == 0.0 {
+                    RowSampling::Greedy
+                } else {
+                    let (inv_temperature, top_k, top_p) = (1.0 / p.temperature as f64, p.top_k, p.top_p);
+                    let u = sampler::uniform(&mut store.seq_mut(c.seq).rng);
+                    RowSampling::Draw(Draw { inv_temperature, top_k, top_p, u })
+                }
             })
             .collect()
     }
 
-    /// Computes a batch: for each chunk that wants logits, in order, its row or (where every
-    /// sequence sampling it is greedy) its argmax, picked where the backend computed the logits.
-    pub fn forward(&mut self, batch: &ForwardBatch, greedy: &[bool]) -> Result<Vec<Logits>> {
-        Ok(self.backend.forward_sampled(batch, greedy)?)
+    /// Computes a batch: for each chunk that wants logits, in order, its row or (where the plan
+    /// allows and the backend samples on the device) its token.
+    pub fn forward(&mut self, batch: &ForwardBatch, sampling: &[RowSampling]) -> Result<Vec<Logits>> {
+        Ok(self.backend.forward_sampled(batch, sampling)?)
     }
 
     /// Releases the KV pool, and at level 2 the weights too.

@@ -15,7 +15,7 @@ use crate::encoder_cache::EncoderCache;
 use crate::inject::{Injection, Injections};
 use crate::kv_manager::{KvManager, SeqId};
 use crate::metrics::Counters;
-use crate::model::backend::Logits;
+use crate::model::backend::{Logits, RowSampling};
 use crate::pd::{KvConnector, Role};
 use crate::plant::Garden;
 use crate::registry::{MetricKind, Registries, TrackedQueue};
@@ -96,9 +96,10 @@ impl OutputProcessor {
 
     /// Records computed tokens, samples where logits came back, forks n>1 requests after their
     /// prompt, and finishes sequences that stop.
-    pub fn apply(&mut self, cx: &mut Ctx, chunks: &[Chunk], logits: Vec<Logits>) {
+    pub fn apply(&mut self, cx: &mut Ctx, chunks: &[Chunk], logits: Vec<Logits>, sampling: &[RowSampling]) {
         let mut logits = logits.into_iter();
-        for c in chunks {
+        for (i, c) in chunks.iter().enumerate() {
+            let plan = sampling.get(i).copied().unwrap_or(RowSampling::Row);
             let request = cx.store.seq(c.seq).request;
             let extra = cx.store.requests.get(&request).map(ReqState::extra_keys).unwrap_or_default();
             let s = cx.store.seq_mut(c.seq);
@@ -116,11 +117,11 @@ impl OutputProcessor {
             let row = logits.next().expect("one logits row per chunk wanting it");
             let Some(req) = cx.store.requests.get(&request) else {
                 // An orphan (n-abort-orphans): it still samples and runs to its end.
-                self.sample_and_check(cx, c.seq, &row, None);
+                self.sample_and_check(cx, c.seq, &row, plan, None);
                 continue;
             };
             if req.forked {
-                self.sample_and_check(cx, c.seq, &row, Some(request));
+                self.sample_and_check(cx, c.seq, &row, plan, Some(request));
                 continue;
             }
             let (n, seed) = (req.params.n, req.seed);
@@ -135,28 +136,36 @@ impl OutputProcessor {
             let req = cx.store.requests.get_mut(&request).expect("request");
             req.forked = true;
             req.seqs.extend(children.iter().copied());
-            self.sample_and_check(cx, c.seq, &row, Some(request));
+            self.sample_and_check(cx, c.seq, &row, plan, Some(request));
             for child in children {
                 self.started.push(child);
-                self.sample_and_check(cx, child, &row, Some(request));
+                self.sample_and_check(cx, child, &row, RowSampling::Row, Some(request));
             }
         }
     }
 
-    fn sample_and_check(&mut self, cx: &mut Ctx, sid: SeqId, logits: &Logits, request: Option<RequestId>) {
+    /// Samples sequence `sid`'s next token from its chunk's answer: the token a backend sampled
+    /// by the plan, or the row, with the draw the plan already took or one taken now.
+    fn sample_and_check(
+        &mut self,
+        cx: &mut Ctx,
+        sid: SeqId,
+        logits: &Logits,
+        plan: RowSampling,
+        request: Option<RequestId>,
+    ) {
         let params = match request.and_then(|r| cx.store.requests.get(&r)) {
             Some(r) => r.params.clone(),
             None => SamplingParams { ignore_eos: true, ..SamplingParams::default() },
         };
         let s = cx.store.seq_mut(sid);
-        let tok = match logits {
-            Logits::Row(row) => sampler::sample(row, &params, &mut s.rng),
-            // Asked for only where the request samples greedily (ModelRunner::greedy_rows): the
-            // sampler's answer at temperature 0, which takes no draw.
-            Logits::Argmax(id) => {
-                debug_assert_eq!(params.temperature, 0.0, "an argmax came back for a sampled row");
+        let tok = match (logits, plan) {
+            (Logits::Token(id), _) => {
+                debug_assert_ne!(plan, RowSampling::Row, "a token came back for a row the plan kept");
                 *id
             }
+            (Logits::Row(row), RowSampling::Draw(d)) => sampler::sample_drawn(row, &params, d.u),
+            (Logits::Row(row), _) => sampler::sample(row, &params, &mut s.rng),
         };
         s.tokens.push(tok);
         cx.counters.tokens_generated += 1;

@@ -14,8 +14,8 @@ pub fn seq_rng(seed: u64, index: usize) -> ChaCha8Rng {
     rng
 }
 
-/// A uniform draw in [0, 1) with 53 bits.
-fn uniform(rng: &mut ChaCha8Rng) -> f64 {
+/// A uniform draw in [0, 1) with 53 bits: the one draw a sampled token takes.
+pub fn uniform(rng: &mut ChaCha8Rng) -> f64 {
     (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
 }
 
@@ -29,9 +29,15 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> 
     if params.temperature == 0.0 {
         return argmax(logits);
     }
-    let inv_t = 1.0 / params.temperature as f64;
     // The one draw a token takes, before either path, so both see the same one.
-    let u = uniform(rng);
+    sample_drawn(logits, params, uniform(rng))
+}
+
+/// [`sample`] at a temperature above 0 with its draw `u` already taken (a draw taken before the
+/// forward pass, for a backend that samples on the device and handed the row back).
+pub fn sample_drawn(logits: &[f32], params: &SamplingParams, u: f64) -> u32 {
+    assert!(!logits.is_empty());
+    let inv_t = 1.0 / params.temperature as f64;
     sample_head(logits, params, inv_t, u).unwrap_or_else(|| sample_ranked(logits, params, inv_t, u))
 }
 

@@ -59,13 +59,37 @@ pub struct ForwardBatch {
     pub chunks: Vec<SeqChunk>,
 }
 
-/// A chunk's answer from [`Backend::forward_sampled`]: its logits row, or only the row's argmax
-/// where the engine samples it greedily and the backend picked it where the logits are.
+/// How the engine samples a chunk's row, which says what a backend may answer with
+/// ([`Backend::forward_sampled`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowSampling {
+    /// The caller needs the row itself (it samples it more than once, as an n > 1 request's first
+    /// tokens, or with parameters the backend is not told).
+    Row,
+    /// Greedy: the token is the argmax (the lowest id among the largest logits).
+    Greedy,
+    /// One draw of the seeded sampler, its uniform `u` already taken from the sequence's RNG.
+    Draw(Draw),
+}
+
+/// A draw's parameters, as the engine's sampler defines the draw: candidates ranked by logit
+/// (ties to the lower id), the first `top_k` (0: all), then those whose weights
+/// `exp((logit - max) * inv_temperature)` reach `top_p` of the total, then `u` times the kept
+/// weight walks them in rank order.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Draw {
+    pub inv_temperature: f64,
+    pub top_k: u32,
+    pub top_p: f32,
+    pub u: f64,
+}
+
+/// A chunk's answer from [`Backend::forward_sampled`]: its logits row, or the token where the
+/// backend sampled it where the logits are.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Logits {
     Row(Vec<f32>),
-    /// The lowest id among the largest logits: what the host sampler answers at temperature 0.
-    Argmax(u32),
+    Token(u32),
 }
 
 /// Memory a backend holds, in bytes, and how many KV pools are alive (one when awake, none asleep).
@@ -94,12 +118,12 @@ pub trait Backend: Send {
     fn release_weights(&mut self);
     /// Computes the batch; returns one logits row per chunk with `want_logits`, in order.
     fn forward(&mut self, batch: &ForwardBatch) -> Result<Vec<Vec<f32>>>;
-    /// Computes the batch and answers each chunk that wants logits, in order: its row, or only its
-    /// argmax where `greedy[i]` (one per chunk of the batch) says every sequence sampling chunk i
-    /// samples it greedily, and the backend can pick on the device (reading back a token id
-    /// instead of a row of the vocabulary). The default returns every row.
-    fn forward_sampled(&mut self, batch: &ForwardBatch, greedy: &[bool]) -> Result<Vec<Logits>> {
-        let _ = greedy;
+    /// Computes the batch and answers each chunk that wants logits, in order: its row, or the
+    /// token where `sampling[i]` (one per chunk of the batch) says how chunk i is sampled and the
+    /// backend can sample it on the device (reading back a token id instead of a row of the
+    /// vocabulary). A backend may answer any chunk with its row. The default returns every row.
+    fn forward_sampled(&mut self, batch: &ForwardBatch, sampling: &[RowSampling]) -> Result<Vec<Logits>> {
+        let _ = sampling;
         Ok(self.forward(batch)?.into_iter().map(Logits::Row).collect())
     }
     /// The K and V of `blocks`, layer by layer (for each layer: K of every block, then V).

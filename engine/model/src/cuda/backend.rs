@@ -3,8 +3,9 @@
 //! Lifecycle: `new` opens device 0, compiles the kernels, checks that the weights fit (before
 //! uploading anything) and uploads them; the engine then asks for the KV pool (`allocate_kv`).
 //! Each `forward` allocates its activations and metadata, runs every layer on one stream, answers
-//! each row that wants logits (a greedy row with its argmax, picked on the device; any other with
-//! its logits, read back for the host's sampler) and frees what it allocated. Sleep
+//! each row that wants logits (with its token where the engine's plan lets the device sample it:
+//! greedy or one seeded draw; otherwise with its logits, read back for the host's sampler) and
+//! frees what it allocated. Sleep
 //! releases the KV pool (level 1) and the weights (level 2) and trims the allocator's pool so the
 //! driver sees the memory back; wake allocates and uploads again. The vision encoder (images) runs
 //! on the host with the CPU backend's code, from a host copy of the vision tower's weights.
@@ -20,7 +21,7 @@ use super::kernels::{cfg, elementwise, Arg, Kernels};
 use super::DType;
 use crate::backend::BlockId;
 use crate::backend::PoolRelease;
-use crate::backend::{Backend, BackendMemory, ForwardBatch, Logits};
+use crate::backend::{Backend, BackendMemory, ForwardBatch, Logits, RowSampling};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::metric::{Metric, MetricKind};
@@ -321,8 +322,8 @@ impl Backend for CudaBackend {
         Ok(rows.into_iter().filter_map(|r| if let Logits::Row(r) = r { Some(r) } else { None }).collect())
     }
 
-    fn forward_sampled(&mut self, batch: &ForwardBatch, greedy: &[bool]) -> Result<Vec<Logits>> {
-        self.forward_batch(batch, greedy)
+    fn forward_sampled(&mut self, batch: &ForwardBatch, sampling: &[RowSampling]) -> Result<Vec<Logits>> {
+        self.forward_batch(batch, sampling)
     }
 
     fn read_kv(&self, blocks: &[BlockId]) -> Result<Vec<f32>> {
@@ -397,11 +398,11 @@ mod tests {
 
     #[test]
     fn every_kernel_is_instantiated_for_both_types() {
-        for name in ["embed", "add_rmsnorm", "rope_store", "attention_decode_g8", "attention_prefill", "argmax_rows"] {
+        for name in ["embed", "add_rmsnorm", "rope_store", "attention_decode_g8", "attention_prefill", "sample_rows"] {
             let source = super::super::kernels::SOURCE;
             assert!(source.contains(&format!("void {name}_##S")), "{name}");
         }
-        for ty in ["INSTANTIATE(float, f32)", "INSTANTIATE(bf16, bf16)", "INSTANTIATE_ATTENTION(bf16, bf16)"] {
+        for ty in ["INSTANTIATE(bf16, bf16)", "INSTANTIATE_ATTENTION(bf16, bf16)", "INSTANTIATE_SAMPLING(bf16, bf16)"] {
             assert!(super::super::kernels::SOURCE.contains(ty), "{ty}");
         }
         let tl = ModelConfig::preset("tinyllama-1.1b").unwrap();

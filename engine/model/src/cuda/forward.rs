@@ -3,15 +3,16 @@
 //! store in one kernel, attention by the plan (decode, its split merge, prefill tiles), the output
 //! product, the residual add with the next norm, the fused gate-up product, SwiGLU, the down
 //! product, and the residual add with the next layer's norm. Then the final norm and LM head for
-//! the rows that want logits: a greedy row's argmax picked on the device (its token id is all that
-//! comes back), every other row read back whole. Activations and metadata live for the call only.
+//! the rows that want logits, sampled on the device where the engine's plan allows (a greedy row's
+//! argmax, a row's seeded draw: a token id is all that comes back), every other row read back
+//! whole. Activations and metadata live for the call only.
 
 use super::attention::{AttentionIo, AttentionMeta, AttentionPlan};
 use super::backend::{CudaBackend, DeviceKv, DeviceWeights};
 use super::batch::{flatten, Flat};
 use super::device::Category;
 use super::kernels::{cfg, elementwise, Arg};
-use crate::backend::{ForwardBatch, Logits};
+use crate::backend::{ForwardBatch, Logits, RowSampling};
 use crate::error::{ModelError, Result};
 
 /// The pass's integer metadata packed into one upload: each section's offset in values.
@@ -29,9 +30,9 @@ impl Packed {
 }
 
 impl CudaBackend {
-    /// Computes `batch`; `greedy` (one per chunk, or empty: none) marks the rows whose argmax is
-    /// all the caller needs.
-    pub(super) fn forward_batch(&mut self, batch: &ForwardBatch, greedy: &[bool]) -> Result<Vec<Logits>> {
+    /// Computes `batch`; `sampling` (one per chunk, or empty: every row back) says which rows may
+    /// be sampled on the device.
+    pub(super) fn forward_batch(&mut self, batch: &ForwardBatch, sampling: &[RowSampling]) -> Result<Vec<Logits>> {
         let w = self.weights.as_ref().ok_or_else(|| ModelError::Backend("weights are released".into()))?;
         let kv = self.kv.as_ref().ok_or_else(|| ModelError::Backend("KV pool is released".into()))?;
         let c = &self.config;
@@ -122,9 +123,9 @@ impl CudaBackend {
                 None => self.residual_add(x.ptr(), tmp.ptr(), t * h)?,
             }
         }
-        let greedy_rows: Vec<bool> =
-            f.logit_chunks.iter().map(|&ci| greedy.get(ci).copied().unwrap_or(false)).collect();
-        self.logits(x.ptr(), w, &f.logit_rows, &greedy_rows)
+        let plan: Vec<RowSampling> =
+            f.logit_chunks.iter().map(|&ci| sampling.get(ci).copied().unwrap_or(RowSampling::Row)).collect();
+        self.logits(x.ptr(), w, &f.logit_rows, &plan)
     }
 
     /// Copy-on-write: each (src, dst) pair of the batch's block copies, `block_elems` values of
@@ -156,11 +157,12 @@ impl CudaBackend {
         )
     }
 
-    /// The final norm and LM head for the rows of `x` that want logits. Greedy rows answer with
-    /// their argmax, picked on the device; the others are read back to the host as f32 (only when
-    /// some row needs it). Nothing is computed, after the stream finished, where no row wants any.
-    fn logits(&self, x: u64, w: &DeviceWeights, logit_rows: &[i32], greedy: &[bool]) -> Result<Vec<Logits>> {
-        let (dt, h, vocab) = (self.dtype, self.config.hidden_size, self.config.vocab_size);
+    /// The final norm and LM head for the rows of `x` that want logits, answered by `plan`: greedy
+    /// rows with their argmax and draws with their token, both picked on the device; rows (and any
+    /// draw the device left undecided) read back to the host as f32, only when some row needs it.
+    /// Nothing is computed, after the stream finished, where no row wants any.
+    fn logits(&self, x: u64, w: &DeviceWeights, logit_rows: &[i32], plan: &[RowSampling]) -> Result<Vec<Logits>> {
+        let (h, vocab) = (self.config.hidden_size, self.config.vocab_size);
         let r = logit_rows.len();
         if r == 0 {
             self.synchronize()?;
@@ -171,27 +173,65 @@ impl CudaBackend {
         self.rmsnorm(x, lr.ptr(), w.final_norm.ptr(), normed.ptr(), r)?;
         let logits = self.act(r * vocab, "logits")?;
         self.linear(normed.ptr(), w.lm_head.ptr(), logits.ptr(), r, h, vocab)?;
-        let ids: Vec<u32> = if greedy.iter().any(|&g| g) {
-            let ids = self.alloc.alloc(Category::Staging, r * 4, "greedy token ids")?;
-            let args = [Arg::P(logits.ptr()), Arg::P(ids.ptr()), Arg::I(vocab as i32)];
-            self.kernels.launch("argmax_rows", dt, cfg((r as u32, 1), 1024, 0), &args)?;
-            ids.read(r)?
-        } else {
-            Vec::new()
+        let greedy = self.argmax_on_device(logits.ptr(), plan)?;
+        let drawn = self.draw_on_device(logits.ptr(), plan)?;
+        let token = |i: usize| match plan[i] {
+            RowSampling::Greedy => greedy.get(i).copied(),
+            RowSampling::Draw(_) => drawn.get(i).copied().filter(|&t| t != UNDECIDED),
+            RowSampling::Row => None,
         };
-        let rows: Vec<f32> = if greedy.iter().all(|&g| g) {
+        let rows: Vec<f32> = if (0..r).all(|i| token(i).is_some()) {
             Vec::new()
         } else {
             let out = self.alloc.alloc(Category::Staging, r * vocab * 4, "logits for the host")?;
             let args = [Arg::P(logits.ptr()), Arg::P(out.ptr()), Arg::L((r * vocab) as i64)];
-            self.kernels.launch("to_f32", dt, elementwise(r * vocab), &args)?;
+            self.kernels.launch("to_f32", self.dtype, elementwise(r * vocab), &args)?;
             out.read(r * vocab)?
         };
         Ok((0..r)
-            .map(|i| match greedy[i] {
-                true => Logits::Argmax(ids[i]),
-                false => Logits::Row(rows[i * vocab..(i + 1) * vocab].to_vec()),
+            .map(|i| match token(i) {
+                Some(t) => Logits::Token(t),
+                None => Logits::Row(rows[i * vocab..(i + 1) * vocab].to_vec()),
             })
             .collect())
     }
+
+    /// Greedy rows' tokens (argmax_rows over every logit row), where the plan has any.
+    fn argmax_on_device(&self, logits: u64, plan: &[RowSampling]) -> Result<Vec<u32>> {
+        if !plan.contains(&RowSampling::Greedy) {
+            return Ok(Vec::new());
+        }
+        let r = plan.len();
+        let ids = self.alloc.alloc(Category::Staging, r * 4, "greedy token ids")?;
+        let args = [Arg::P(logits), Arg::P(ids.ptr()), Arg::I(self.config.vocab_size as i32)];
+        self.kernels.launch("argmax_rows", self.dtype, cfg((r as u32, 1), SAMPLE_THREADS, 0), &args)?;
+        ids.read(r)
+    }
+
+    /// Drawn rows' tokens (sample_rows over every logit row), where the plan has any.
+    fn draw_on_device(&self, logits: u64, plan: &[RowSampling]) -> Result<Vec<u32>> {
+        if !plan.iter().any(|p| matches!(p, RowSampling::Draw(_))) {
+            return Ok(Vec::new());
+        }
+        let r = plan.len();
+        // Four doubles a row (sampling.cu); a row not drawn gets a harmless draw.
+        let params: Vec<f64> = plan
+            .iter()
+            .flat_map(|p| match p {
+                RowSampling::Draw(d) => [d.inv_temperature, d.top_k as f64, d.top_p as f64, d.u],
+                _ => [1.0, 0.0, 1.0, 0.0],
+            })
+            .collect();
+        let params = self.alloc.upload(Category::Workspace, &params, "draw parameters")?;
+        let ids = self.alloc.alloc(Category::Staging, r * 4, "drawn token ids")?;
+        let args = [Arg::P(logits), Arg::P(params.ptr()), Arg::P(ids.ptr()), Arg::I(self.config.vocab_size as i32)];
+        self.kernels.launch("sample_rows", self.dtype, cfg((r as u32, 1), SAMPLE_THREADS, 0), &args)?;
+        ids.read(r)
+    }
 }
+
+/// What sample_rows answers for a row the host must sample (sampling.cu).
+const UNDECIDED: u32 = u32::MAX;
+
+/// Threads of a sampling block: a row of 32,000 logits is 32 a thread.
+const SAMPLE_THREADS: u32 = 1024;

@@ -146,37 +146,6 @@ template <typename T> __device__ void from_f32(const float* x, T* out, long long
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) st(out, i, x[i]);
 }
 
-// Greedy sampling on the device: ids[r] = the host sampler's argmax of logits row r (the lowest id
-// among the largest values; a NaN never wins, and a NaN at id 0 answers 0, as the host's scan
-// does). One block per row; the block's candidates meet in a fixed pairwise order.
-template <typename T> __device__ void argmax_rows(const T* logits, unsigned int* ids, int vocab) {
-    __shared__ float best_v[1024];
-    __shared__ int best_i[1024];
-    const long long row = (long long)blockIdx.x * vocab;
-    float bv = -PLATEAU_INF;
-    int bi = -1;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        const float v = ld(logits, row + i);
-        if (v == v && (bi < 0 || v > bv)) { bv = v; bi = i; }
-    }
-    best_v[threadIdx.x] = bv;
-    best_i[threadIdx.x] = bi;
-    __syncthreads();
-    for (unsigned int stride = 1; stride < blockDim.x; stride *= 2) {
-        const unsigned int i = threadIdx.x;
-        if (i % (2 * stride) == 0 && i + stride < blockDim.x) {
-            const float v = best_v[i + stride];
-            const int j = best_i[i + stride];
-            if (j >= 0 && (best_i[i] < 0 || v > best_v[i] || (v == best_v[i] && j < best_i[i]))) { best_v[i] = v; best_i[i] = j; }
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        const float first = ld(logits, row);
-        ids[blockIdx.x] = (first != first || best_i[0] < 0) ? 0u : (unsigned int)best_i[0];
-    }
-}
-
 #define INSTANTIATE(T, S) \
 extern "C" __global__ void embed_##S(const T* table, const unsigned int* tokens, T* out, int hidden) { embed<T>(table, tokens, out, hidden); } \
 extern "C" __global__ void set_rows_##S(T* x, const float* src, const int* rows, int hidden) { set_rows<T>(x, src, rows, hidden); } \
@@ -184,7 +153,6 @@ extern "C" __global__ void rmsnorm_##S(const T* x, const int* rows, const T* w, 
 extern "C" __global__ void add_rmsnorm_##S(T* x, const T* y, const T* w, T* out, int hidden, float eps) { add_rmsnorm<T>(x, y, w, out, hidden, eps); } \
 extern "C" __global__ void rope_store_##S(T* qkv, const int* pos, const float* inv_freq, T* kc, T* vc, const long long* slots, int nh, int nkv, int hd) { rope_store<T>(qkv, pos, inv_freq, kc, vc, slots, nh, nkv, hd); } \
 extern "C" __global__ void silu_mul_##S(const T* gate_up, T* out, int inter, long long n) { silu_mul<T>(gate_up, out, inter, n); } \
-extern "C" __global__ void argmax_rows_##S(const T* logits, unsigned int* ids, int vocab) { argmax_rows<T>(logits, ids, vocab); } \
 extern "C" __global__ void add_##S(T* x, const T* y, long long n) { add<T>(x, y, n); } \
 extern "C" __global__ void copy_blocks_##S(const u64* bases, const int* pairs, int block_elems) { copy_blocks<T>(bases, pairs, block_elems); } \
 extern "C" __global__ void gather_blocks_##S(const u64* bases, const int* blocks, int n_blocks, int block_elems, float* staging) { gather_blocks<T>(bases, blocks, n_blocks, block_elems, staging); } \

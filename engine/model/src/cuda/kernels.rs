@@ -1,4 +1,4 @@
-//! The project's CUDA kernels (`kernels.cu`, then `attention.cu`, one source), compiled with NVRTC
+//! The project's CUDA kernels (`kernels.cu`, `attention.cu` and `sampling.cu`, one source), compiled with NVRTC
 //! for the device's architecture when a CUDA backend starts, and launched by name and element type.
 
 use std::collections::BTreeMap;
@@ -11,9 +11,9 @@ use super::device::driver_err;
 use super::DType;
 use crate::error::{ModelError, Result};
 
-pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("attention.cu"));
+pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("attention.cu"), include_str!("sampling.cu"));
 
-const NAMES: [&str; 20] = [
+const NAMES: [&str; 21] = [
     "embed",
     "set_rows",
     "rmsnorm",
@@ -28,6 +28,7 @@ const NAMES: [&str; 20] = [
     "attention_prefill",
     "silu_mul",
     "argmax_rows",
+    "sample_rows",
     "add",
     "copy_blocks",
     "gather_blocks",
@@ -55,12 +56,12 @@ impl Kernels {
         let (major, minor) = ctx.compute_capability().map_err(driver_err)?;
         let opts = CompileOptions {
             options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-            name: Some("kernels.cu+attention.cu".into()),
+            name: Some("kernels.cu+attention.cu+sampling.cu".into()),
             ..Default::default()
         };
         let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| match e {
             CompileError::CompileError { log, .. } => ModelError::Backend(format!(
-                "NVRTC could not compile engine/model/src/cuda/kernels.cu and attention.cu:\n{}",
+                "NVRTC could not compile engine/model/src/cuda/kernels.cu, attention.cu and sampling.cu:\n{}",
                 log.to_string_lossy()
             )),
             other => ModelError::Backend(format!("NVRTC failed on kernels.cu: {other:?}")),

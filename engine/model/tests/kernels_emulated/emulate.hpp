@@ -57,6 +57,13 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   b.arrive_and_wait();
   return r;
 }
+inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+inline int atomicOr(int* a, int v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
+inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v) {
+  unsigned long long old = __atomic_load_n(a, __ATOMIC_RELAXED);
+  while (v < old && !__atomic_compare_exchange_n(a, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+  return old;
+}
 static float plateau_emulated_smem[1 << 17];
 #define PLATEAU_EMULATED
 
