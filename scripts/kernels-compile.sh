@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA kernels compiled here, without a GPU, as the backend compiles them on a device: NVRTC
-# (from NVIDIA's nvidia-cuda-nvrtc wheel) turns kernels.cu, attention.cu and sampling.cu into PTX for compute_90,
+# (from NVIDIA's nvidia-cuda-nvrtc wheel) turns engine/model/src/cuda/*.cu, in kernels.rs's order, into PTX for compute_90,
 # then ptxas (nvidia-cuda-nvcc wheel) into sm_90 code, reporting each kernel's registers and
 # spills. Fails on a compile error, a missing kernel, or a spill in a kernel that must keep its
-# state in registers (the decode attention). The wheels (about 100 MB) are fetched once into
+# state in registers (decode attention, tensor-core prefill). The wheels (about 100 MB) are fetched once into
 # target/cuda-tools/; without network or pip this check is reported as skipped, never passed.
 #
 #   scripts/kernels-compile.sh [OUT_DIR]   # the PTX and ptxas's report in OUT_DIR (default target/cuda-tools/out)
@@ -29,10 +29,12 @@ chmod +x "$PTXAS"
 LD_LIBRARY_PATH="$(dirname "$NVRTC")" python3 - "$NVRTC" "$OUT/kernels.ptx" <<'PY' || exit 1
 import ctypes, re, sys
 lib = ctypes.CDLL(sys.argv[1])
-names = ["engine/model/src/cuda/kernels.cu", "engine/model/src/cuda/attention.cu", "engine/model/src/cuda/sampling.cu"]
+# The files in kernels.rs's SOURCE order.
+kernels_rs = open("engine/model/src/cuda/kernels.rs").read()
+names = ["engine/model/src/cuda/" + f for f in re.findall(r'include_str!\("(\w+\.cu)"\)', kernels_rs.split("SOURCE")[1].split(");")[0])]
 src = "".join(open(n).read() for n in names)
 prog = ctypes.c_void_p()
-assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"kernels.cu+attention.cu+sampling.cu", 0, None, None) == 0
+assert lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"plateau-kernels.cu", 0, None, None) == 0
 opts = (ctypes.c_char_p * 1)(b"--gpu-architecture=compute_90")
 rc = lib.nvrtcCompileProgram(prog, 1, opts)
 n = ctypes.c_size_t()
@@ -47,14 +49,15 @@ ptx = ctypes.create_string_buffer(n.value)
 lib.nvrtcGetPTX(prog, ptx)
 open(sys.argv[2], "w").write(ptx.value.decode())
 # Every kernel the backend loads (kernels.rs's NAMES, for both types) is in the module.
-kernels_rs = open("engine/model/src/cuda/kernels.rs").read()
 wanted = re.findall(r'^\s+"(\w+)",$', kernels_rs.split("const NAMES")[1].split("];")[0], re.M)
+bf16_only = re.findall(r'"(\w+)"', kernels_rs.split("const BF16_NAMES")[1].split("];")[0].split("=")[1])
 entries = set(re.findall(r"\.visible \.entry (\w+)\(", ptx.value.decode()))
 missing = [f"{w}_{t}" for w in wanted for t in ("f32", "bf16") if f"{w}_{t}" not in entries]
+missing += [f"{w}_bf16" for w in bf16_only if f"{w}_bf16" not in entries]
 if missing:
     print(f"kernels-compile: kernels.rs loads kernels the module lacks: {missing}", file=sys.stderr)
     sys.exit(1)
-print(f"kernels-compile: NVRTC compiled {len(entries)} kernels for compute_90 ({len(wanted)} names, f32 and bf16)")
+print(f"kernels-compile: NVRTC compiled {len(entries)} kernels for compute_90 from {len(names)} files ({len(wanted)} names in f32 and bf16, {len(bf16_only)} in bf16 alone)")
 PY
 "$PTXAS" -arch=sm_90 -v "$OUT/kernels.ptx" -o "$OUT/kernels.cubin" >"$OUT/ptxas.txt" 2>&1 || { cat "$OUT/ptxas.txt" >&2; echo "kernels-compile: ptxas failed" >&2; exit 1; }
 python3 - "$OUT/ptxas.txt" <<'PY'
@@ -66,7 +69,7 @@ for name, body in re.findall(r"Compiling entry function '(\w+)' for 'sm_90'\n(.*
     spill = re.search(r"(\d+) bytes spill stores", body)
     regs, spill = int(regs.group(1)) if regs else -1, int(spill.group(1)) if spill else -1
     rows.append((name, regs, spill))
-    if name.startswith("attention_decode") and spill != 0:
+    if name.startswith(("attention_decode", "attention_prefill_tc")) and spill != 0:
         bad.append(f"{name} spills {spill} bytes")
 for name, regs, spill in sorted(rows):
     if name.startswith(("attention", "argmax", "sample")):

@@ -1,10 +1,12 @@
-//! The CUDA kernels, emulated on the host: `kernels_emulated/harness.cpp` compiles kernels.cu and
-//! attention.cu with g++ (CUDA built-ins as plain C++: each block's threads as OS threads meeting at
-//! a barrier, a warp's shuffles through its own barrier) and, at blocks of 1, 8, 40 and 64 threads
-//! (warps of 1, 8, 8 and 32 lanes), runs a two-layer model through them the way forward.rs does
-//! (fused products, decode attention with and without splits, prefill tiles, the device argmax),
-//! f32 and bf16, against a double-precision reference; attention alone in real models' shapes
-//! (GQA groups of 1 to 8, 24 to 64 dimensions, odd context lengths); and the KV block kernels.
+//! The CUDA kernels, emulated on the host: `kernels_emulated/harness.cpp` compiles every `.cu` of
+//! the backend with g++ (CUDA built-ins as plain C++: each block's threads as OS threads meeting at
+//! a barrier; a warp's shuffles, and its tensor-core products laid out as the PTX ISA lays their
+//! fragments, through its own barrier) and, at blocks of 1, 8, 40 and 64 threads (warps of 1, 8, 8
+//! and 32 lanes), runs a two-layer model through them the way forward.rs does (fused products,
+//! decode attention with and without splits, prefill tiles, the device's argmax), f32 and bf16,
+//! against a double-precision reference; attention alone in real models' shapes (GQA groups of 1
+//! to 8, 24 to 128 dimensions, odd context lengths; bf16 prefill on tensor cores where the warp
+//! has 32 lanes); sampling against the host sampler's definition; and the KV block kernels.
 //! It checks the kernels' indexing, arithmetic and warp exchanges without a GPU; it cannot see
 //! what only a GPU shows (the memory model, timing, launch limits): scripts/gpu-check.sh runs the
 //! same kernels on a device.

@@ -5,7 +5,8 @@
 //! split of its context), the KV head's GQA group of query heads together so each key and value
 //! row is read once; contexts long enough, in a batch too small to fill the device, are cut into
 //! splits that `attention_combine` merges (flash-decoding's shape). A longer chunk (a prefill)
-//! goes to `attention_prefill` in tiles of query tokens. The plan is a pure function of the batch's
+//! goes in tiles of query tokens to `attention_prefill_tc_h64`/`_h128` (bf16 heads of 64 or 128
+//! dimensions on a device with bf16 tensor cores: `prefill_tc.cu`) or to `attention_prefill`. The plan is a pure function of the batch's
 //! shape; the host emulation (`tests/kernels_emulated/plan.hpp`) follows the same rules.
 
 use super::backend::CudaBackend;
@@ -23,6 +24,11 @@ const WARP: usize = 32;
 /// Four warps a decode block: 16 positions a round for 64-dimension heads (8 lanes a position).
 const DECODE_THREADS: usize = 128;
 const PREFILL_THREADS: usize = 256;
+/// Four warps of 16 query rows each: a tensor-core prefill block's 64 rows.
+const PREFILL_TC_THREADS: usize = 128;
+const PREFILL_TC_ROWS: usize = 16 * PREFILL_TC_THREADS / WARP;
+/// Key positions a tensor-core prefill block holds at once (`PLATEAU_TC_KEYS`).
+const PREFILL_TC_KEYS: usize = 64;
 /// Shared memory a block may use without opting in to more (every CUDA device since 2.0).
 const SHARED_BYTES_LIMIT: usize = 48 * 1024;
 /// Decode blocks the split aims for: four per multiprocessor of an H100 or H200 (132), so a
@@ -81,6 +87,20 @@ pub(super) fn prefill_shared_bytes(group: usize, hd: usize, bq: usize, bk: usize
     4 * (2 * rows * hd + 2 * bk * hd + rows * bk + 3 * rows + bk)
 }
 
+/// The tensor-core prefill kernel for bf16 heads of `hd` dimensions, where there is one.
+fn prefill_tc_kernel(hd: usize) -> Option<&'static str> {
+    match hd {
+        64 => Some("attention_prefill_tc_h64"),
+        128 => Some("attention_prefill_tc_h128"),
+        _ => None,
+    }
+}
+
+/// attention_prefill_tc's shared memory: the K and V tiles in bf16, rows padded by 8, and slots.
+pub(super) fn prefill_tc_shared_bytes(hd: usize) -> usize {
+    2 * PREFILL_TC_KEYS * (hd + 8) * 2 + PREFILL_TC_KEYS * 4
+}
+
 /// The most query tokens a prefill tile takes within the shared-memory limit (of 16, 8, 4, 2, 1).
 fn prefill_tile_tokens(group: usize, hd: usize) -> Result<usize> {
     [16, 8, 4, 2, 1]
@@ -108,13 +128,32 @@ pub(super) struct AttentionPlan {
     pub(super) tile_first: Vec<i32>,
     pub(super) tile_len: Vec<i32>,
     pub(super) tile_tokens: usize,
-    pub(super) prefill_shared: usize,
+    pub(super) prefill: Prefill,
+}
+
+/// Which prefill kernel a plan launches, with its block and shared memory.
+#[derive(Debug, PartialEq)]
+pub(super) enum Prefill {
+    /// attention_prefill_tc_h*: bf16 on tensor cores.
+    TensorCores { kernel: &'static str, shared: usize },
+    /// attention_prefill: f32 arithmetic, tiles of `tile_tokens` by PREFILL_KEY_TILE.
+    Plain { shared: usize },
 }
 
 impl AttentionPlan {
-    pub(super) fn new(f: &Flat, c: &ModelConfig, bs: usize) -> Result<AttentionPlan> {
+    /// The plan for `f`; `tensor_cores`: the tensor-core prefill applies (bf16 on a device that
+    /// has them).
+    pub(super) fn new(f: &Flat, c: &ModelConfig, bs: usize, tensor_cores: bool) -> Result<AttentionPlan> {
         let (group, hd) = (c.num_attention_heads / c.num_key_value_heads, c.head_dim);
-        let tile_tokens = prefill_tile_tokens(group, hd)?;
+        let (tile_tokens, prefill) = match prefill_tc_kernel(hd).filter(|_| tensor_cores && group <= PREFILL_TC_ROWS) {
+            Some(kernel) => {
+                (PREFILL_TC_ROWS / group, Prefill::TensorCores { kernel, shared: prefill_tc_shared_bytes(hd) })
+            }
+            None => {
+                let tokens = prefill_tile_tokens(group, hd)?;
+                (tokens, Prefill::Plain { shared: prefill_shared_bytes(group, hd, tokens, PREFILL_KEY_TILE) })
+            }
+        };
         let mut p = AttentionPlan {
             decode_rows: Vec::new(),
             decode_kernel: decode_kernel(group),
@@ -126,7 +165,7 @@ impl AttentionPlan {
             tile_first: Vec::new(),
             tile_len: Vec::new(),
             tile_tokens,
-            prefill_shared: prefill_shared_bytes(group, hd, tile_tokens, PREFILL_KEY_TILE),
+            prefill,
         };
         let mut decode_ctx = 1;
         for &(first, len) in &f.chunks {
@@ -244,14 +283,18 @@ impl CudaBackend {
             let mut args = common(meta.tile_first).to_vec();
             args.push(Arg::P(meta.tile_len));
             args.extend(shape);
-            args.extend([Arg::I(plan.tile_tokens as i32), Arg::I(PREFILL_KEY_TILE as i32)]);
             let grid = (plan.tile_first.len() as u32, nkv as u32);
-            self.kernels.launch(
-                "attention_prefill",
-                self.dtype,
-                cfg(grid, PREFILL_THREADS as u32, plan.prefill_shared as u32),
-                &args,
-            )?;
+            match plan.prefill {
+                Prefill::TensorCores { kernel, shared } => {
+                    let launch = cfg(grid, PREFILL_TC_THREADS as u32, shared as u32);
+                    self.kernels.launch(kernel, self.dtype, launch, &args)?
+                }
+                Prefill::Plain { shared } => {
+                    args.extend([Arg::I(plan.tile_tokens as i32), Arg::I(PREFILL_KEY_TILE as i32)]);
+                    let launch = cfg(grid, PREFILL_THREADS as u32, shared as u32);
+                    self.kernels.launch("attention_prefill", self.dtype, launch, &args)?
+                }
+            }
         }
         Ok(())
     }
@@ -294,6 +337,11 @@ mod tests {
         assert!(prefill_shared_bytes(8, 64, 4, PREFILL_KEY_TILE) <= SHARED_BYTES_LIMIT);
         assert_eq!(prefill_tile_tokens(1, 64).unwrap(), 16);
         assert!(prefill_tile_tokens(16, 512).is_err());
+        // Tensor cores: TinyLlama's group of 8 is 8 tokens a tile of 64 rows, in 18.7 KB.
+        assert_eq!(prefill_tc_shared_bytes(64), 18_688);
+        assert!(prefill_tc_shared_bytes(128) <= SHARED_BYTES_LIMIT);
+        assert_eq!(prefill_tc_kernel(128), Some("attention_prefill_tc_h128"));
+        assert_eq!(prefill_tc_kernel(80), None);
         // A decode block of TinyLlama with one split of 2,048 positions (129 table entries).
         assert_eq!(decode_shared_bytes(8, 64, 129, 4), 4 * (512 + 129 + 4 * (16 + 512)));
     }

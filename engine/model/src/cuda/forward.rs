@@ -45,7 +45,8 @@ impl CudaBackend {
         if t == 0 {
             return Ok(Vec::new());
         }
-        let plan = AttentionPlan::new(&f, c, bs)?;
+        let tensor_cores = dt == super::DType::Bf16 && self.kernels.tensor_cores();
+        let plan = AttentionPlan::new(&f, c, bs, tensor_cores)?;
         let mut packed = Packed::default();
         let tokens: Vec<i32> = f.tokens.iter().map(|&x| x as i32).collect();
         let at = [

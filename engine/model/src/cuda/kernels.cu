@@ -12,12 +12,14 @@ typedef unsigned long long u64;
 __device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
 __device__ __forceinline__ float ld(const bf16* p, long long i) { return __uint_as_float(((unsigned int)p[i]) << 16); }
 __device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
-__device__ __forceinline__ void st(bf16* p, long long i, float v) {
+// f32 to bf16 bits, rounding to nearest even (a NaN stays a quiet NaN).
+__device__ __forceinline__ bf16 bf16_bits(float v) {
     unsigned int u = __float_as_uint(v);
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) { p[i] = (bf16)((u >> 16) | 0x40u); return; }
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return (bf16)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
-    p[i] = (bf16)(u >> 16);
+    return (bf16)(u >> 16);
 }
+__device__ __forceinline__ void st(bf16* p, long long i, float v) { p[i] = bf16_bits(v); }
 
 // Block-wide reductions through shared memory, pairwise in a fixed order (deterministic, and
 // correct for any block size up to 1024). Every thread of the block must call them.

@@ -1,4 +1,4 @@
-//! The project's CUDA kernels (`kernels.cu`, `attention.cu` and `sampling.cu`, one source), compiled with NVRTC
+//! The project's CUDA kernels (`kernels.cu`, `attention.cu`, `prefill_tc.cu` and `sampling.cu`, one source), compiled with NVRTC
 //! for the device's architecture when a CUDA backend starts, and launched by name and element type.
 
 use std::collections::BTreeMap;
@@ -11,7 +11,15 @@ use super::device::driver_err;
 use super::DType;
 use crate::error::{ModelError, Result};
 
-pub const SOURCE: &str = concat!(include_str!("kernels.cu"), include_str!("attention.cu"), include_str!("sampling.cu"));
+pub const SOURCE: &str = concat!(
+    include_str!("kernels.cu"),
+    include_str!("attention.cu"),
+    include_str!("prefill_tc.cu"),
+    include_str!("sampling.cu")
+);
+
+/// Kernels built for bf16 alone: prefill attention on tensor cores, for heads of 64 and 128.
+const BF16_NAMES: [&str; 2] = ["attention_prefill_tc_h64", "attention_prefill_tc_h128"];
 
 const NAMES: [&str; 21] = [
     "embed",
@@ -49,6 +57,7 @@ pub enum Arg {
 pub struct Kernels {
     stream: Arc<CudaStream>,
     funcs: BTreeMap<(&'static str, DType), CudaFunction>,
+    tensor_cores: bool,
 }
 
 impl Kernels {
@@ -56,28 +65,34 @@ impl Kernels {
         let (major, minor) = ctx.compute_capability().map_err(driver_err)?;
         let opts = CompileOptions {
             options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-            name: Some("kernels.cu+attention.cu+sampling.cu".into()),
+            name: Some("plateau-kernels.cu".into()),
             ..Default::default()
         };
         let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| match e {
             CompileError::CompileError { log, .. } => ModelError::Backend(format!(
-                "NVRTC could not compile engine/model/src/cuda/kernels.cu, attention.cu and sampling.cu:\n{}",
+                "NVRTC could not compile the kernels (engine/model/src/cuda/*.cu, in kernels.rs's order):\n{}",
                 log.to_string_lossy()
             )),
             other => ModelError::Backend(format!("NVRTC failed on kernels.cu: {other:?}")),
         })?;
         let module = ctx.load_module(ptx).map_err(driver_err)?;
         let mut funcs = BTreeMap::new();
-        for name in NAMES {
-            for dtype in [DType::F32, DType::Bf16] {
-                let full = format!("{name}_{}", dtype.suffix());
-                let f = module
-                    .load_function(&full)
-                    .map_err(|e| ModelError::Backend(format!("kernel {full} is not in the compiled module: {e}")))?;
-                funcs.insert((name, dtype), f);
-            }
+        let both = NAMES.iter().flat_map(|&n| [(n, DType::F32), (n, DType::Bf16)]);
+        for (name, dtype) in both.chain(BF16_NAMES.iter().map(|&n| (n, DType::Bf16))) {
+            let full = format!("{name}_{}", dtype.suffix());
+            let f = module
+                .load_function(&full)
+                .map_err(|e| ModelError::Backend(format!("kernel {full} is not in the compiled module: {e}")))?;
+            funcs.insert((name, dtype), f);
         }
-        Ok(Kernels { stream, funcs })
+        Ok(Kernels { stream, funcs, tensor_cores: major >= 8 })
+    }
+
+    /// Whether the device has the bf16 tensor-core instruction prefill_tc.cu uses (mma.sync
+    /// m16n8k16 with bf16 inputs: compute capability 8.0 and later). Older devices compile that
+    /// kernel to a trap and never run it.
+    pub fn tensor_cores(&self) -> bool {
+        self.tensor_cores
     }
 
     /// Launches `name` for `dtype` on the backend's stream.

@@ -19,15 +19,18 @@ bool attend(const Shape& s, const Tuning& tune, const T* q, int q_stride, const 
   const float scale = 1.0f / std::sqrt((float)s.hd);
   std::vector<int> rows, tile_tok, tile_n;
   int max_ctx = 1;
+  // bf16 prefill goes to the tensor-core kernel where it applies (and the warp is a device's).
+  const int tc_tokens = W == 32 ? tc_tile_tokens(sizeof(T) == 2, G, s.hd, THREADS / 32) : 0;
+  const int bq = tc_tokens ? tc_tokens : tune.bq;
   for (size_t c = 0; c < chunk_first.size(); ++c) {
     if (chunk_len[c] == 1) {
       rows.push_back(chunk_first[c]);
       max_ctx = std::max(max_ctx, tok_pos[chunk_first[c]] + 1);
       continue;
     }
-    for (int i = 0; i < chunk_len[c]; i += tune.bq) {
+    for (int i = 0; i < chunk_len[c]; i += bq) {
       tile_tok.push_back(chunk_first[c] + i);
-      tile_n.push_back(std::min(tune.bq, chunk_len[c] - i));
+      tile_n.push_back(std::min(bq, chunk_len[c] - i));
     }
   }
   if (!rows.empty()) {
@@ -53,7 +56,15 @@ bool attend(const Shape& s, const Tuning& tune, const T* q, int q_stride, const 
     if (splits > 1)
       launch(R, s.nh, 1, [&] { attention_combine<T>(part.data(), rows.data(), out, s.nh, s.hd, splits); });
   }
-  if (!tile_tok.empty()) {
+  if (!tile_tok.empty() && tc_tokens) {
+    if constexpr (sizeof(T) == 2) {
+      launch(tile_tok.size(), s.nkv, 1, [&] {
+        auto kernel = s.hd == 64 ? attention_prefill_tc<64> : attention_prefill_tc<128>;
+        kernel(q, q_stride, kc, vc, out, tile_tok.data(), tile_n.data(), tok_seq.data(), tok_pos.data(), tables.data(),
+               s.max_blocks, s.bs, s.nh, s.nkv, scale);
+      });
+    }
+  } else if (!tile_tok.empty()) {
     if (prefill_shared_bytes(G, s.hd, tune.bq, tune.bk) > sizeof(plateau_emulated_smem)) return false;
     launch(tile_tok.size(), s.nkv, 1, [&] {
       attention_prefill<T>(q, q_stride, kc, vc, out, tile_tok.data(), tile_n.data(), tok_seq.data(), tok_pos.data(),

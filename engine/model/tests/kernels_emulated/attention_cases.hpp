@@ -1,10 +1,12 @@
 // Attention alone, in the shapes of real models, against double precision: a batch of decode
 // tokens (contexts of odd lengths) beside one prefill chunk whose first positions are already in
-// the cache, over shuffled block tables, with one split and several, and query tiles of 1 to 4.
+// the cache, over shuffled block tables, with one split and several, and query tiles of 1 to 4
+// (bf16 prefill of 64- and 128-dimension heads on the tensor-core kernel where the warp is 32).
 #pragma once
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 #include "attend.hpp"
 #include "host.hpp"
@@ -18,6 +20,8 @@ template <typename T> double attention_cases(const char* name) {
     {16, 2, 64, 16, {1, 17, 301}, 250, 37, {100, 1, 16}},      // several splits, one-token tiles
     {6, 2, 40, 16, {5, 64, 129}, 3, 9, {48, 2, 8}},             // a group of 3, 40 dimensions
     {4, 4, 24, 8, {2, 33}, 0, 13, {16, 4, 8}},                  // no grouping, 24 dimensions
+    {12, 4, 64, 16, {7, 130}, 70, 45, {64, 4, 16}},             // a group of 3: tiles whose rows end mid-warp
+    {8, 2, 128, 16, {3, 200}, 100, 20, {1 << 20, 2, 16}},       // 128 dimensions
   };
   std::mt19937 gen(11);
   std::normal_distribution<float> normal(0, 1);
@@ -69,7 +73,8 @@ template <typename T> double attention_cases(const char* name) {
         }
       }
     }
-    printf("  %s attention %d heads of %d over %d KV heads (split %d, tile %dx%d): relative error %.3g\n", name, c.nh, c.hd, c.nkv, c.tune.split_len, c.tune.bq, c.tune.bk, err / big);
+    const bool tc = tc_tile_tokens(sizeof(T) == 2, G, c.hd, THREADS / 32) > 0 && warp_for(THREADS) == 32;
+    printf("  %s attention %d heads of %d over %d KV heads (split %d, prefill %s): relative error %.3g\n", name, c.nh, c.hd, c.nkv, c.tune.split_len, tc ? "on tensor cores" : ("tile " + std::to_string(c.tune.bq) + "x" + std::to_string(c.tune.bk)).c_str(), err / big);
     worst = std::max(worst, err / big);
   }
   return worst;

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -63,6 +65,35 @@ inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v)
   unsigned long long old = __atomic_load_n(a, __ATOMIC_RELAXED);
   while (v < old && !__atomic_compare_exchange_n(a, &old, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
   return old;
+}
+// mma.sync m16n8k16 (bf16 in, f32 accumulators) for one warp of 32 lanes: every lane hands in its
+// fragments as the PTX ISA lays them out, each lane rebuilds A (16 x 16) and B (16 x 8) whole and
+// adds its own four elements of A . B (lane = 4 * groupID + t: rows groupID and groupID + 8,
+// columns 2t and 2t + 1). Two exchange buffers used in turn: one barrier a call (a lane writes a
+// buffer again only after every lane passed the next call's barrier, so after it read this one).
+static unsigned mma_a[2][1024][4], mma_b[2][1024][2];
+static thread_local unsigned mma_calls = 0;
+inline void plateau_emulated_mma_bf16(float* d, const unsigned* a, const unsigned* b) {
+  if (warpSize != 32) { fprintf(stderr, "mma needs warps of 32 lanes, not %u\n", warpSize); std::abort(); }
+  const unsigned t = threadIdx.x, base = t - t % 32, lane = t % 32, buf = mma_calls++ % 2;
+  for (int i = 0; i < 4; ++i) mma_a[buf][t][i] = a[i];
+  for (int i = 0; i < 2; ++i) mma_b[buf][t][i] = b[i];
+  warp_barriers[t / 32]->arrive_and_wait();
+  float A[16][16], B[16][8];
+  auto value = [](unsigned reg, int half) { return __uint_as_float(((reg >> (16 * half)) & 0xffffu) << 16); };
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, tt = l % 4;
+    for (int i = 0; i < 8; ++i)
+      A[(i / 2) % 2 ? g + 8 : g][2 * tt + (i & 1) + (i >= 4 ? 8 : 0)] = value(mma_a[buf][base + l][i / 2], i % 2);
+    for (int i = 0; i < 4; ++i) B[2 * tt + (i & 1) + (i >= 2 ? 8 : 0)][g] = value(mma_b[buf][base + l][i / 2], i % 2);
+  }
+  const int g = lane / 4, tt = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = i < 2 ? g : g + 8, col = 2 * tt + (i & 1);
+    float acc = 0;
+    for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];
+    d[i] += acc;
+  }
 }
 static float plateau_emulated_smem[1 << 17];
 #define PLATEAU_EMULATED

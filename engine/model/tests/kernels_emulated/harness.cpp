@@ -14,6 +14,7 @@
 #include "emulate.hpp"
 #include "../../src/cuda/kernels.cu"
 #include "../../src/cuda/attention.cu"
+#include "../../src/cuda/prefill_tc.cu"
 #include "../../src/cuda/sampling.cu"
 #include "host.hpp"
 #include "attend.hpp"

@@ -23,3 +23,11 @@ inline size_t prefill_shared_bytes(int group, int hd, int bq, int bk) {
   const size_t rows = (size_t)bq * group;
   return 4 * (2 * rows * hd + 2 * (size_t)bk * hd + rows * bk + 3 * rows + bk);
 }
+
+// attention_prefill_tc: bf16, heads of 64 or 128 dimensions, 16 query rows a warp (the tile's
+// tokens are the block's rows over the group). 0 tokens when it does not apply.
+inline int tc_tile_tokens(bool bf16, int group, int hd, int warps) {
+  if (!bf16 || (hd != 64 && hd != 128) || group > 16 * warps) return 0;
+  return 16 * warps / group;
+}
+inline size_t tc_shared_bytes(int hd) { return 2 * 64 * (size_t)(hd + 8) * 2 + 64 * 4; }
