@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Where a CUDA step's time goes, on the GPU machine, with Nsight Compute: every kernel of one decode
 # step (TinyLlama shape, bf16, batch 64, 512-token contexts) and of one 2,047-token prefill, timed
-# one by one (gpu__time_duration), grouped by kernel, beside the step's wall time measured without
-# the profiler. The difference between the two is what the GPU did not spend in kernels: launches,
-# uploads of the step's metadata, the logits read back, and the host's own work.
+# one by one (gpu__time_duration), grouped by kernel, each group beside its bound (the bytes it
+# must move at the measured copy bandwidth, or its flops at 790 TFLOP/s bf16) and beside the step's
+# wall time measured without the profiler. The difference between the two is what the GPU did not
+# spend in kernels: launches, uploads of the step's metadata, and the host's own work.
 #
 #   scripts/build-gpu-bin.sh                   # here
 #   scripts/gpu-profile.sh OUT_DIR [BIN_DIR]   # there: logs and CSVs in OUT_DIR, a table last
@@ -38,6 +39,27 @@ def group(name):
     if any(s in n for s in ("gemm", "nvjet", "cublas", "cutlass", "splitk", "reduce_kernel")):
         return "cuBLAS matrix products"
     return name.split("(")[0].strip()
+shape = plain.get("shape", {})
+bw = plain.get("copy_bandwidth_gb_s", float("nan")) * 1e9
+def bound_ms(what, name):
+    """A group's floor in ms: decode moves bytes (weights once, each sequence's KV once, the
+    logits once), prefill computes flops; None where the group's traffic is too small to bound."""
+    try:
+        if what == "decode":
+            if name == "cuBLAS matrix products":
+                return shape["weight_bytes"] / bw * 1e3
+            if name.startswith("attention_decode"):
+                return 64 * (shape["context"] + 10) * shape["kv_token_bytes"] / bw * 1e3
+            if name.startswith(("argmax_rows", "sample_rows")):
+                return 64 * shape["vocab"] * shape["dtype_bytes"] / bw * 1e3
+        else:
+            if name == "cuBLAS matrix products":
+                return shape["prefill_matmul_flops"] / 790e12 * 1e3
+            if name.startswith("attention_prefill"):
+                return shape["prefill_attention_flops"] / 790e12 * 1e3
+    except (KeyError, TypeError, ZeroDivisionError):
+        pass
+    return None
 for what in ("decode", "prefill"):
     path = os.path.join(out, f"ncu-{what}.csv")
     rows = []
@@ -68,6 +90,8 @@ for what in ("decode", "prefill"):
         wall = plain.get("prefill_ms", float("nan"))
     print(f"== {what}: {len(rows)} kernels, {total_ms:.2f} ms in kernels; step wall time {wall:.2f} ms without the profiler ({wall - total_ms:.2f} ms outside kernels)")
     for name, (n, ns) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
-        print(f"  {name[:48]:<48} {n:>5} launches {ns / 1e6:>9.3f} ms {100 * ns / 1e6 / total_ms:>5.1f}%")
+        b = bound_ms(what, name)
+        beside = f"; bound {b:.3f} ms ({ns / 1e6 / b:.1f}x)" if b else ""
+        print(f"  {name[:48]:<48} {n:>5} launches {ns / 1e6:>9.3f} ms {100 * ns / 1e6 / total_ms:>5.1f}%{beside}")
 PY
 exit $failed

@@ -357,8 +357,15 @@ fn throughput(
     let prefill_s = median(prefill_times[1..].to_vec());
     let flops = 2.0 * weight_bytes / dtype.size() as f64 * n_prompt;
     let matmul_bound_s = flops / 790e12;
+    // Causal attention of the prefill: QK^T and PV, 2 flops a multiply-add, over n(n+1)/2 pairs.
+    let (layers, heads, hd) = (c.num_hidden_layers as f64, c.num_attention_heads as f64, c.head_dim as f64);
+    let attention_flops = 4.0 * layers * heads * hd * n_prompt * (n_prompt + 1.0) / 2.0;
+    // What scripts/gpu-profile.sh sets each kernel's time beside.
+    let shape = json!({"weight_bytes": weight_bytes, "kv_token_bytes": kv_token_bytes, "context": context, "vocab": c.vocab_size,
+        "dtype_bytes": dtype.size(), "prefill_attention_flops": attention_flops, "prefill_matmul_flops": flops});
     Ok(json!({"check": "throughput", "preset": preset, "dtype": dtype.suffix(), "copy_bandwidth_gb_s": bw / 1e9,
         "decode": rows, "prefill_tokens": n_prompt, "prefill_tok_s": n_prompt / prefill_s, "prefill_ms": prefill_s * 1e3, "prefill_matmul_bound_ms": matmul_bound_s * 1e3,
+        "shape": shape,
         "note": "step times include the engine's host work; greedy rows (all of them here) are picked on the device, one token id read back each"}))
 }
 

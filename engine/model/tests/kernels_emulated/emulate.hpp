@@ -1,18 +1,21 @@
-// The CUDA built-ins kernels.cu and attention.cu use, as plain C++ on the host: a block's threads
-// are OS threads meeting at a barrier for __syncthreads, a warp's lanes meet at their own barrier
-// for each shuffle, and blocks run one after another (a barrier between them keeps shared memory
-// of one block from being written while the last one still reads it). The warp size is the
-// harness's choice: the largest power of two up to 32 that divides the block, so the kernels'
-// warp code runs at every block size the tests use (on a device it is always 32).
+// The CUDA built-ins the kernels use, as plain C++ on the host: a block's threads are fibers
+// (ucontext) on one OS thread, switched at barriers: __syncthreads is the block's barrier, a
+// warp's lanes meet at their own for each shuffle and tensor-core product. Blocks run one after
+// another. A fiber that reaches a barrier hands over to the next; the scheduler resumes the
+// fibers in thread order, so every interleaving the kernels allow between barriers is one the
+// emulation can take only in that order (what a GPU could do otherwise is the device checks' job).
+// The warp size is the harness's choice: the largest power of two up to 32 that divides the
+// block, so the kernels' warp code runs at every block size the tests use (on a device it is 32).
 #pragma once
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <thread>
+#include <functional>
+#include <csetjmp>
+#include <ucontext.h>
 #include <vector>
 #define __global__
 #define __device__
@@ -20,24 +23,44 @@
 #define __shared__ static
 using std::min;
 struct Dim { unsigned int x, y, z; };
-static thread_local Dim threadIdx{0, 0, 0}, blockIdx{0, 0, 0};
+static Dim threadIdx{0, 0, 0}, blockIdx{0, 0, 0};
 static Dim blockDim{1, 1, 1}, gridDim{1, 1, 1};
 static unsigned warpSize = 1;
-// A barrier that yields while it waits: the blocks' threads far outnumber the cores, and a waiter
-// that sleeps in the kernel costs more than one that hands its core on.
+// The block's fibers: each with its stack and its count of tensor-core products. A fiber starts
+// through ucontext (its own stack) and is switched with _setjmp/_longjmp afterwards, which do not
+// touch the signal mask (a system call each time through swapcontext); it never returns from its
+// entry but jumps back to the scheduler, whose frame stays live below every switch.
+struct Fiber {
+  ucontext_t ctx;
+  jmp_buf at;
+  std::vector<char> stack;
+  unsigned mma_calls = 0;
+  bool started = false, done = false;
+};
+static std::vector<Fiber> fibers;
+static ucontext_t scheduler_ctx;
+static jmp_buf scheduler_at;
+static unsigned current_fiber = 0;
+static std::function<void()> fiber_kernel;
+inline void fiber_yield() {
+  if (!_setjmp(fibers[current_fiber].at)) _longjmp(scheduler_at, 1);
+}
+inline void fiber_entry() {
+  fiber_kernel();
+  fibers[current_fiber].done = true;
+  _longjmp(scheduler_at, 1);
+}
+// A barrier of n fibers: the last to arrive opens the next phase; the others hand over until it does.
 class Barrier {
   const unsigned n_;
-  std::atomic<unsigned> waiting_{0}, phase_{0};
+  unsigned waiting_ = 0, phase_ = 0;
  public:
   explicit Barrier(unsigned n) : n_(n) {}
   void arrive_and_wait() {
-    const unsigned phase = phase_.load(std::memory_order_acquire);
-    if (waiting_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
-      waiting_.store(0, std::memory_order_relaxed);
-      phase_.store(phase + 1, std::memory_order_release);
-      return;
-    }
-    while (phase_.load(std::memory_order_acquire) == phase) std::this_thread::yield();
+    if (n_ == 1) return;
+    const unsigned phase = phase_;
+    if (++waiting_ == n_) { waiting_ = 0; ++phase_; return; }
+    while (phase_ == phase) fiber_yield();
   }
 };
 static std::unique_ptr<Barrier> block_barrier;
@@ -72,10 +95,9 @@ inline unsigned long long atomicMin(unsigned long long* a, unsigned long long v)
 // columns 2t and 2t + 1). Two exchange buffers used in turn: one barrier a call (a lane writes a
 // buffer again only after every lane passed the next call's barrier, so after it read this one).
 static unsigned mma_a[2][1024][4], mma_b[2][1024][2];
-static thread_local unsigned mma_calls = 0;
 inline void plateau_emulated_mma_bf16(float* d, const unsigned* a, const unsigned* b) {
   if (warpSize != 32) { fprintf(stderr, "mma needs warps of 32 lanes, not %u\n", warpSize); std::abort(); }
-  const unsigned t = threadIdx.x, base = t - t % 32, lane = t % 32, buf = mma_calls++ % 2;
+  const unsigned t = threadIdx.x, base = t - t % 32, lane = t % 32, buf = fibers[current_fiber].mma_calls++ % 2;
   for (int i = 0; i < 4; ++i) mma_a[buf][t][i] = a[i];
   for (int i = 0; i < 2; ++i) mma_b[buf][t][i] = b[i];
   warp_barriers[t / 32]->arrive_and_wait();
@@ -112,19 +134,34 @@ template <class F> void launch(unsigned gx, unsigned gy, unsigned gz, F f) {
   block_barrier = std::make_unique<Barrier>(THREADS);
   warp_barriers.clear();
   for (unsigned w = 0; w < THREADS / warpSize; ++w) warp_barriers.push_back(std::make_unique<Barrier>(warpSize));
-  auto body = [&](unsigned t) {
-    threadIdx = {t, 0, 0};
-    for (unsigned z = 0; z < gz; ++z)
-      for (unsigned y = 0; y < gy; ++y)
-        for (unsigned x = 0; x < gx; ++x) {
-          blockIdx = {x, y, z};
-          f();
-          __syncthreads();
+  fiber_kernel = f;
+  fibers.resize(THREADS);
+  for (auto& fb : fibers) { fb.stack.resize(1 << 17); fb.mma_calls = 0; }
+  for (unsigned z = 0; z < gz; ++z)
+    for (unsigned y = 0; y < gy; ++y)
+      for (unsigned x = 0; x < gx; ++x) {
+        blockIdx = {x, y, z};
+        if (THREADS == 1) { threadIdx = {0, 0, 0}; f(); continue; }
+        for (auto& fb : fibers) {
+          getcontext(&fb.ctx);
+          fb.ctx.uc_stack.ss_sp = fb.stack.data();
+          fb.ctx.uc_stack.ss_size = fb.stack.size();
+          fb.ctx.uc_link = &scheduler_ctx;
+          makecontext(&fb.ctx, fiber_entry, 0);
+          fb.started = fb.done = false;
         }
-  };
-  if (THREADS == 1) { body(0); return; }
-  std::vector<std::thread> ts;
-  for (unsigned t = 0; t < THREADS; ++t) ts.emplace_back(body, t);
-  for (auto& th : ts) th.join();
+        for (unsigned left = THREADS; left > 0;)
+          for (unsigned t = 0; t < THREADS; ++t) {
+            if (fibers[t].done) continue;
+            current_fiber = t;
+            threadIdx = {t, 0, 0};
+            if (!_setjmp(scheduler_at)) {
+              if (fibers[t].started) _longjmp(fibers[t].at, 1);
+              fibers[t].started = true;
+              swapcontext(&scheduler_ctx, &fibers[t].ctx);
+            }
+            left -= fibers[t].done;
+          }
+      }
 }
 template <class F> void launch(unsigned gx, unsigned gy, F f) { launch(gx, gy, 1, f); }

@@ -1,11 +1,14 @@
-// Host emulation of engine/model/src/cuda/kernels.cu and attention.cu (emulate.hpp), run by
-// engine/model/tests/kernels_emulated.rs with g++. Three checks at each block size given:
+// Host emulation of the CUDA backend's kernels (engine/model/src/cuda/*.cu, through emulate.hpp),
+// run by engine/model/tests/kernels_emulated.rs with g++. Four checks at each block size given:
 // - a two-layer model through the kernels the way forward.rs launches them (fused QKV and
-//   gate-up products as a plain loop for cuBLAS, rope_store, decode and prefill attention,
-//   add_rmsnorm, silu_mul, argmax_rows): chunked prefill and decode over block tables, f32 and
-//   bf16, against a double-precision forward pass; the device argmax against the host's;
+//   gate-up products as a plain loop for cuBLAS, rope_store, decode attention with its splits,
+//   prefill tiles, add_rmsnorm, silu_mul, argmax_rows): chunked prefill and decode over block
+//   tables, f32 and bf16, against a double-precision forward pass; the device argmax against
+//   the host's;
 // - attention alone in the shapes of real models (attention_cases.hpp): GQA groups of 1 to 8,
-//   odd head sizes and context lengths, one split and several, query tiles of 1 to 4 tokens;
+//   24 to 128 dimensions, odd context lengths, one split and several, query tiles of 1 to 4
+//   tokens, bf16 prefill on tensor cores where the warp has 32 lanes;
+// - sampling against the host sampler's definition (sampling_cases.hpp);
 // - the block gather / scatter / copy kernels.
 // Usage: harness THREADS_PER_BLOCK...   (exit 0 and PASS when every run is within its limits)
 #include <cstdio>

@@ -69,9 +69,9 @@ template <typename T> int sampling_cases(const char* name) {
       for (int i = 0; i < vocab; ++i) if (rows[r][i] > rows[r][host]) host = i;
       bad += ids[r] != host;
     }
-    for (double t : {0.7, 2.5})
-      for (unsigned k : {0u, 1u, 50u})
-        for (float p : {1.0f, 0.3f}) {
+    for (double t : {0.7, 1.0, 2.5})
+      for (unsigned k : {0u, 1u, 5u, 50u})
+        for (float p : {1.0f, 0.9f, 0.3f}) {
           std::vector<double> params;
           std::vector<double> us;
           for (int r = 0; r < R; ++r) { double u = unit(gen); us.push_back(u); params.insert(params.end(), {1.0 / t, (double)k, (double)p, u}); }
