@@ -11,7 +11,10 @@
 //!    holds malloc's sites but not the pages mapped beside them): it passes only when its rate
 //!    per request is no more than the accepted sites of its processes account for (each site
 //!    counted once: in the processes under a tree where they name it), divided by
-//!    [`EXPLAINED`].
+//!    [`EXPLAINED`]. An undecided gauge no site decided (a process's page tables, stepping up as
+//!    its accepted leak maps pages) is weighed by the same rule at its whole rise: its highest
+//!    value in the judged window above its first, over the window's iterations (the caller's
+//!    `undecided_rate`). A faster one stays undecided, and says why.
 
 use std::collections::BTreeMap;
 
@@ -30,7 +33,11 @@ struct Use {
 }
 
 /// The entries as the verdict records them, and the attribution lines; gauges amended.
-pub(super) fn apply(k: &Known, metrics: &mut [MetricVerdict]) -> (Vec<KnownEntry>, Vec<String>) {
+pub(super) fn apply(
+    k: &Known,
+    metrics: &mut [MetricVerdict],
+    undecided_rate: &dyn Fn(&MetricVerdict) -> Option<f64>,
+) -> (Vec<KnownEntry>, Vec<String>) {
     let mut uses: Vec<Use> = k.entries.iter().map(|_| Use::default()).collect();
     let mut lines = Vec::new();
     // (process prefix, site) -> its rate per request, for the gauges no site was listed for.
@@ -48,8 +55,12 @@ pub(super) fn apply(k: &Known, metrics: &mut [MetricVerdict]) -> (Vec<KnownEntry
             BySites::Unexplained | BySites::Nothing => {}
         }
     }
-    for m in metrics.iter_mut().filter(|m| bytes_gauge(m, Status::Fail) && !named.contains(&m.name)) {
-        if let Some(line) = by_rate(m, &accepted) {
+    for m in metrics.iter_mut().filter(|m| open(m) && !named.contains(&m.name)) {
+        let rate = match m.status {
+            Status::Fail => m.projected.as_ref().and_then(|p| p.per_request),
+            _ => undecided_rate(m),
+        };
+        if let Some(line) = rate.and_then(|rate| by_rate(m, rate, &accepted)) {
             lines.push(line);
         }
     }
@@ -69,10 +80,8 @@ pub(super) fn not_applied(k: &Known) -> Vec<KnownEntry> {
     k.entries.iter().map(|e| KnownEntry { state: "not applied".into(), ..record(e, Use::default()) }).collect()
 }
 
-/// A byte gauge of `status`. Failing ones are weighed by their sites and by their rate; an
-/// undecided one only by its listed sites (its rise explained by known leaks at their rates is no
-/// open question, as a heap's free bytes beside a known leak; without sites listed it stays
-/// undecided: known growth accepts a rate, not a trend unseen).
+/// A byte gauge of `status`. Failing and undecided ones are weighed by their sites, then by their
+/// rate (an undecided one at its whole rise in the judged window).
 fn bytes_gauge(m: &MetricVerdict, status: Status) -> bool {
     m.status == status && m.kind == "gauge" && m.unit == "bytes"
 }
@@ -219,17 +228,18 @@ fn accepted_under(prefix: &str, accepted: &BTreeMap<(String, String), f64>) -> f
     by_site.values().map(|(own, children)| if *children > 0.0 { *children } else { *own }).sum()
 }
 
-/// Step 2 for one gauge no site explained: its rate against its processes' accepted sites.
-fn by_rate(m: &mut MetricVerdict, accepted: &BTreeMap<(String, String), f64>) -> Option<String> {
+/// Step 2 for one gauge no site explained: its rate a request against its processes' accepted
+/// sites.
+fn by_rate(m: &mut MetricVerdict, rate: f64, accepted: &BTreeMap<(String, String), f64>) -> Option<String> {
     let prefix = process_of(&m.name);
-    let rate = m.projected.as_ref().and_then(|p| p.per_request)?;
     let own = accepted_under(prefix, accepted);
     if own <= 0.0 {
         return None;
     }
     if rate <= own / EXPLAINED {
+        let was = if m.status == Status::Fail { "it failed as" } else { "it was undecided as" };
         let reason = format!(
-            "known growth, accepted: it rises {}, no more than the known sites of its processes account for ({}, at least {:.0}% of it); it failed as: {}",
+            "known growth, accepted: it rises {}, no more than the known sites of its processes account for ({}, at least {:.0}% of it); {was}: {}",
             per_request(rate),
             per_request(own),
             100.0 * EXPLAINED,
@@ -250,7 +260,8 @@ fn by_rate(m: &mut MetricVerdict, accepted: &BTreeMap<(String, String), f64>) ->
             per_request(rate)
         );
         m.reason.push_str(&format!("; {why}"));
-        Some(format!("known: {} still fails: {why}", m.name))
+        let still = if m.status == Status::Fail { "still fails" } else { "stays undecided" };
+        Some(format!("known: {} {still}: {why}", m.name))
     }
 }
 

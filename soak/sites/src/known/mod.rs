@@ -139,19 +139,38 @@ impl GaugeEvidence for KnownEvidence<'_> {
         &self,
         s: &Samples,
         metrics: &mut [MetricVerdict],
-        _cfg: &DetectorConfig,
-        _requests_per_iter: Option<f64>,
+        cfg: &DetectorConfig,
+        requests_per_iter: Option<f64>,
     ) -> Vec<String> {
         let own = own_engine(s);
         let (entries, lines) = match &own {
             Some(why) => {
                 (apply::not_applied(self.known), vec![format!("known: {} not applied: {why}", self.known.file)])
             }
-            None => apply::apply(self.known, metrics),
+            None => {
+                let rise = |m: &MetricVerdict| whole_rise(s, &m.name, cfg.warmup_iterations, requests_per_iter);
+                apply::apply(self.known, metrics, &rise)
+            }
         };
         *self.used.borrow_mut() = entries;
         lines
     }
+}
+
+/// A gauge's whole rise a request over its judged window (quiescent samples after `warmup`): its
+/// highest value above its first, over the window's iterations. What an undecided gauge is
+/// weighed at: no less than any steady rate it could have had from the window's start.
+fn whole_rise(s: &Samples, name: &str, warmup: u64, requests_per_iter: Option<f64>) -> Option<f64> {
+    let (i, r) = (s.index(name)?, requests_per_iter.filter(|r| *r > 0.0)?);
+    let pts: Vec<(u64, f64)> = s
+        .rows
+        .iter()
+        .filter(|row| row.quiescent && row.iter > warmup)
+        .filter_map(|row| Some((row.iter, row.values[i]?)))
+        .collect();
+    let (first, last) = (pts.first()?, pts.last()?);
+    let top = pts.iter().map(|p| p.1).fold(first.1, f64::max);
+    (last.0 > first.0).then(|| (top - first.1) / (last.0 - first.0) as f64 / r)
 }
 
 /// Why known growth does not apply to these samples, if it does not: plateau's own engine, whose

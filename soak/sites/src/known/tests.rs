@@ -61,7 +61,7 @@ fn states(entries: &[plateau_reports::KnownEntry]) -> Vec<&str> {
 #[test]
 fn a_leak_at_or_under_its_known_rate_passes_every_gauge_it_explains() {
     let mut m = grow_list();
-    let (entries, lines) = apply::apply(&file("1KiB", "2999-01-01"), &mut m);
+    let (entries, lines) = apply::apply(&file("1KiB", "2999-01-01"), &mut m, &|_| None);
     assert!(m.iter().all(|g| g.status == Status::Pass), "{m:#?}");
     assert!(m[0].reason.contains("upstream #4242"), "{}", m[0].reason);
     assert_eq!(states(&entries), ["accepted"]);
@@ -72,18 +72,18 @@ fn a_leak_at_or_under_its_known_rate_passes_every_gauge_it_explains() {
 #[test]
 fn a_faster_leak_or_an_expired_entry_fails_and_says_which() {
     let mut m = grow_list();
-    let (entries, _) = apply::apply(&file("100B", "2999-01-01"), &mut m);
+    let (entries, _) = apply::apply(&file("100B", "2999-01-01"), &mut m, &|_| None);
     assert!(m.iter().all(|g| g.status == Status::Fail));
     assert!(m[0].reason.contains("above known entry 1's 100 B/request"), "{}", m[0].reason);
     assert_eq!(states(&entries), ["exceeded"]);
     let mut m = grow_list();
-    let (entries, _) = apply::apply(&file("1KiB", "2000-01-01"), &mut m);
+    let (entries, _) = apply::apply(&file("1KiB", "2000-01-01"), &mut m, &|_| None);
     assert!(m.iter().all(|g| g.status == Status::Fail));
     assert!(m[0].reason.contains("expired: until 2000-01-01"), "{}", m[0].reason);
     assert_eq!(states(&entries), ["expired"]);
     // The day itself still holds: `until` is the last day.
     let mut m = grow_list();
-    apply::apply(&file("1KiB", "2026-12-07"), &mut m);
+    apply::apply(&file("1KiB", "2026-12-07"), &mut m, &|_| None);
     assert!(m.iter().all(|g| g.status == Status::Pass));
 }
 
@@ -100,7 +100,7 @@ fn a_second_leak_beside_a_known_one_fails() {
         ),
         gauge("target.proc.anon_bytes", 1133.0, vec![]),
     ];
-    let (entries, _) = apply::apply(&file("1KiB", "2999-01-01"), &mut m);
+    let (entries, _) = apply::apply(&file("1KiB", "2999-01-01"), &mut m, &|_| None);
     assert!(m.iter().all(|g| g.status == Status::Fail), "{m:#?}");
     assert!(m[0].reason.contains("libledger.so!ledger_worker is in no known entry"), "{}", m[0].reason);
     // The process's anonymous memory grows twice what the known site accounts for.
@@ -115,7 +115,7 @@ fn growth_the_sites_do_not_explain_is_not_accepted_with_the_known_site() {
         1000.0,
         vec![site("sites_server.py:32 remember", "leak", 533.0, 0.5), site("x.py:1 f", "fill", 10.0, 0.1)],
     )];
-    apply::apply(&file("1KiB", "2999-01-01"), &mut m);
+    apply::apply(&file("1KiB", "2999-01-01"), &mut m, &|_| None);
     assert_eq!(m[0].status, Status::Fail);
     assert!(m[0].reason.contains("cover 50% of its rise and fills 10%"), "{}", m[0].reason);
     assert!(m[0].reason.contains("account for 533 B/request of its 1000 B/request"), "{}", m[0].reason);
@@ -150,7 +150,7 @@ fn a_process_listing_one_layer_passes_on_the_rate_its_accepted_sites_keep_counte
     free.status = Status::Inconclusive;
     free.projected = None;
     m.push(free);
-    apply::apply(&k, &mut m);
+    apply::apply(&k, &mut m, &|_| None);
     assert!(m.iter().all(|g| g.status == Status::Pass), "{m:#?}");
     // The tree's sum counts the worker's torch site once (10,996 B), with each process's native
     // code: 11,232 B a request, of which 80% is less than a tree growing 14 KiB a request.
@@ -160,7 +160,7 @@ fn a_process_listing_one_layer_passes_on_the_rate_its_accepted_sites_keep_counte
         gauge("target.proc.anon_bytes", 10996.0, vec![site(torch, "leak", 10996.0, 1.0)]),
         gauge("target.proc.rss", 14336.0, vec![]),
     ];
-    apply::apply(&k, &mut m);
+    apply::apply(&k, &mut m, &|_| None);
     assert_eq!(m[3].status, Status::Fail, "{:#?}", m[3]);
     assert!(m[3].reason.contains("10.9 KiB/request of its 14.0 KiB/request"), "{}", m[3].reason);
 }
@@ -174,7 +174,7 @@ fn an_entry_matches_its_process_by_role_and_one_that_matched_nothing_is_said() {
         80.0,
         vec![site("vllm/v1/core/sched/scheduler.py:1 f", "leak", 80.0, 0.9)],
     )];
-    let (entries, lines) = apply::apply(&k, &mut m);
+    let (entries, lines) = apply::apply(&k, &mut m, &|_| None);
     assert_eq!(m[0].status, Status::Pass);
     assert_eq!(states(&entries), ["accepted", "unmatched"]);
     assert!(
@@ -218,4 +218,36 @@ fn a_bad_file_names_the_file_the_entry_and_each_field() {
         let e = parse(text, "k.toml", ON).unwrap_err();
         assert!(e.contains(want) && e.contains("k.toml"), "{want:?} not in {e}");
     }
+}
+
+/// An undecided gauge of the process (its page tables, stepping up as the leak maps pages) beside
+/// its accepted leak is weighed at its whole rise by the rate rule: it passes under a leak of 533 B
+/// a request; where it rose faster than the accepted sites keep, it stays undecided and says why;
+/// without a rise to weigh (no request count) it stays as it was.
+#[test]
+fn an_undecided_gauge_beside_known_growth_is_weighed_at_its_whole_rise_by_the_rate_rule() {
+    let pte = MetricVerdict {
+        status: Status::Inconclusive,
+        reason: "2 steps up at 94, 192: not yet significant".into(),
+        projected: None,
+        first_iter: None,
+        ..gauge("target.proc.pte", 0.0, vec![])
+    };
+    let weigh = |rise: Option<f64>| {
+        let mut m = grow_list();
+        m.push(pte.clone());
+        let (_, lines) = apply::apply(&file("1KiB", "2999-01-01"), &mut m, &|g| {
+            (g.name == "target.proc.pte").then_some(rise).flatten()
+        });
+        (m.pop().unwrap(), lines)
+    };
+    // 32 KiB over 140 iterations of 20 requests: 11.7 B a request, under 533 / 0.8.
+    let (m, lines) = weigh(Some(11.7));
+    assert_eq!(m.status, Status::Pass, "{}", m.reason);
+    assert!(m.reason.contains("it was undecided as: 2 steps up"), "{}", m.reason);
+    assert!(lines.iter().any(|l| l.starts_with("known: target.proc.pte passes: it rises 12 B/request")), "{lines:?}");
+    let (m, lines) = weigh(Some(749.0));
+    assert_eq!(m.status, Status::Inconclusive, "{}", m.reason);
+    assert!(lines.iter().any(|l| l.starts_with("known: target.proc.pte stays undecided")), "{lines:?}");
+    assert_eq!(weigh(None).0.status, Status::Inconclusive);
 }
