@@ -7,9 +7,12 @@
 # target/cuda-tools/; without network or pip this check is reported as skipped, never passed.
 #
 #   scripts/kernels-compile.sh [OUT_DIR]   # the PTX and ptxas's report in OUT_DIR (default target/cuda-tools/out)
+#   scripts/kernels-compile.sh --fetch     # only fetch the wheels (CI does it while it tests)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=target/cuda-tools
+FETCH_ONLY=0
+[ "${1:-}" = --fetch ] && { FETCH_ONLY=1; shift; }
 OUT=${1:-$TOOLS/out}
 mkdir -p "$TOOLS" "$OUT"
 for pkg in nvidia-cuda-nvrtc nvidia-cuda-nvcc; do
@@ -22,6 +25,7 @@ for pkg in nvidia-cuda-nvrtc nvidia-cuda-nvcc; do
     python3 -m zipfile -e "$TOOLS"/wheel/*.whl "$TOOLS/$pkg" || { echo "kernels-compile: $pkg's wheel does not unpack" >&2; exit 1; }
   fi
 done
+[ "$FETCH_ONLY" = 1 ] && exit 0
 NVRTC=$(find "$TOOLS/nvidia-cuda-nvrtc" -name 'libnvrtc.so.*' ! -name '*builtins*' | head -1)
 PTXAS=$(find "$TOOLS/nvidia-cuda-nvcc" -name ptxas -type f | head -1)
 [ -n "$NVRTC" ] && [ -n "$PTXAS" ] || { echo "kernels-compile: libnvrtc or ptxas missing from the wheels" >&2; exit 1; }
