@@ -162,12 +162,7 @@ impl GaugeEvidence for KnownEvidence<'_> {
 /// weighed at: no less than any steady rate it could have had from the window's start.
 fn whole_rise(s: &Samples, name: &str, warmup: u64, requests_per_iter: Option<f64>) -> Option<f64> {
     let (i, r) = (s.index(name)?, requests_per_iter.filter(|r| *r > 0.0)?);
-    let pts: Vec<(u64, f64)> = s
-        .rows
-        .iter()
-        .filter(|row| row.quiescent && row.iter > warmup)
-        .filter_map(|row| Some((row.iter, row.values[i]?)))
-        .collect();
+    let pts: Vec<(u64, f64)> = s.quiescent_series(i).into_iter().filter(|p| p.0 > warmup).collect();
     let (first, last) = (pts.first()?, pts.last()?);
     let top = pts.iter().map(|p| p.1).fold(first.1, f64::max);
     (last.0 > first.0).then(|| (top - first.1) / (last.0 - first.0) as f64 / r)
